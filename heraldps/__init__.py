@@ -1,0 +1,3 @@
+"""heraldps: a parameter-server cluster for embedding models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,124 @@
+"""The ``heraldps`` command line.
+
+Every flag can also be set through an environment variable named
+``HERALDPS_<FLAG>`` (upper case, dashes as underscores: ``--max-message-mb``
+is ``HERALDPS_MAX_MESSAGE_MB``); a flag on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from heraldps import __version__
+from heraldps.runtime import tune_malloc
+
+ENV_PREFIX = "HERALDPS_"
+
+
+def _add_ps_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "ps",
+        help="run one parameter-server shard (Staged-PS: tables in host memory)",
+        description="Run one parameter-server shard of a heraldps cluster.",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to bind (default: %(default)s)")
+    p.add_argument("--port", type=int, default=7001, help="gRPC port; 0 picks a free one")
+    p.add_argument("--shard-index", type=int, default=0, help="this shard's index, 0..S-1")
+    p.add_argument("--num-shards", type=int, default=1, help="number of shards S in the cluster")
+    p.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
+    )
+    p.add_argument(
+        "--max-message-mb", type=int, default=64,
+        help="largest gRPC message accepted or sent, MiB (default: %(default)s)",
+    )
+    p.add_argument(
+        "--memory-limit-gb", type=float, default=None,
+        help="cap on table memory; requests beyond it fail with RESOURCE_EXHAUSTED",
+    )
+    p.add_argument("--threads", type=int, default=16, help="RPC handler threads")
+    p.add_argument(
+        "--grace-seconds", type=float, default=10.0,
+        help="on SIGTERM, time given to in-flight RPCs (default: %(default)s)",
+    )
+    p.add_argument("--port-file", default=None, help="write '<port> <metrics port>' here when ready")
+    p.set_defaults(run=_run_ps)
+
+
+def _run_ps(args: argparse.Namespace) -> int:
+    from ps_server.server import PSConfig, serve
+
+    try:
+        config = PSConfig(
+            host=args.host,
+            port=args.port,
+            shard_index=args.shard_index,
+            num_shards=args.num_shards,
+            metrics_port=args.metrics_port,
+            max_message_mb=args.max_message_mb,
+            memory_limit_gb=args.memory_limit_gb,
+            threads=args.threads,
+            grace_seconds=args.grace_seconds,
+            port_file=args.port_file,
+        )
+    except ValueError as exc:
+        print(f"heraldps ps: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+def _apply_env_defaults(parser: argparse.ArgumentParser) -> None:
+    """Let HERALDPS_<DEST> environment variables provide defaults for every flag."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _apply_env_defaults(sub)
+            continue
+        if not action.option_strings or action.dest in ("help", "version"):
+            continue
+        value = os.environ.get(ENV_PREFIX + action.dest.upper())
+        if value is None:
+            continue
+        if action.type is not None and callable(action.type):
+            try:
+                action.default = action.type(value)
+            except ValueError:
+                parser.error(f"{ENV_PREFIX}{action.dest.upper()}={value!r} is not valid")
+        elif isinstance(action, argparse._StoreTrueAction):
+            action.default = value.lower() in ("1", "true", "yes", "on")
+        else:
+            action.default = value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="heraldps",
+        description="heraldps: a parameter-server cluster for embedding models.",
+    )
+    parser.add_argument("--version", action="version", version=f"heraldps {__version__}")
+    parser.add_argument(
+        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_ps_parser(sub)
+    _apply_env_defaults(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    tune_malloc()
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The shard's memory budget: bytes are charged before any store grows."""
+
+from __future__ import annotations
+
+import threading
+
+from heraldps.errors import ResourceExhausted
+
+
+class MemoryBudget:
+    """Counts the bytes a shard's tables hold against ``--memory-limit-gb``.
+
+    Stores charge the bytes a request would add *before* writing anything,
+    so a request over the cap fails with RESOURCE_EXHAUSTED and changes
+    nothing. What is counted: keys, values, optimizer state, versions,
+    change marks, key-index slots and gradient buffers. Python and gRPC
+    overhead is not.
+    """
+
+    def __init__(self, limit_bytes: int | None = None) -> None:
+        self.limit_bytes = limit_bytes
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def charge(self, nbytes: int, what: str) -> None:
+        """Add ``nbytes`` or raise ResourceExhausted leaving the count unchanged."""
+        if nbytes <= 0:
+            self.release(-nbytes)
+            return
+        with self._lock:
+            if self.limit_bytes is not None and self._used + nbytes > self.limit_bytes:
+                raise ResourceExhausted(
+                    f"{what} needs {nbytes / 2**20:.1f} MiB more, but the shard holds "
+                    f"{self._used / 2**20:.1f} MiB of its {self.limit_bytes / 2**20:.1f} MiB "
+                    "memory limit; raise --memory-limit-gb, add shards, or use --store cached"
+                )
+            self._used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self._used = max(0, self._used - nbytes)
+
+    def reset(self, used: int) -> None:
+        with self._lock:
+            self._used = used

@@ -1,0 +1,296 @@
+"""gRPC servicer of heraldps.v1.ParameterServer: wire <-> NumPy, errors -> status codes.
+
+The servicer holds no logic of its own: it decodes and validates requests,
+calls the store, and maps domain errors to status codes in one table
+(``STATUS_OF``).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from heraldps import wire
+from heraldps.errors import (
+    FailedPrecondition,
+    HeraldError,
+    InvalidArgument,
+    ResourceExhausted,
+    StaleIteration,
+    TableExists,
+    UnknownTable,
+    VersionConflict,
+)
+from heraldps.spec import TableSpec
+from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
+from ps_server import snapshot
+from ps_server.metrics import PSMetrics
+from ps_server.store import StagedStore
+from ps_server.table import StagedTable
+
+log = logging.getLogger(__name__)
+
+STATUS_OF: dict[type[HeraldError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownTable: grpc.StatusCode.NOT_FOUND,
+    TableExists: grpc.StatusCode.ALREADY_EXISTS,
+    StaleIteration: grpc.StatusCode.FAILED_PRECONDITION,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    VersionConflict: grpc.StatusCode.ABORTED,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+DEFAULT_EXPORT_BLOCK_ROWS = 65536
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+def _status_of(exc: HeraldError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+def _unary(method: Handler) -> Handler:
+    """Time the call, count it by status code and turn domain errors into statuses."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self: ParameterServerServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        m = self.metrics
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            return method(self, request, context)
+        except HeraldError as exc:
+            code = _status_of(exc)
+            context.abort(code, str(exc))
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("%s failed", name)
+            context.abort(code, f"{name}: internal error (see the shard's log)")
+        finally:
+            m.requests.labels(m.shard, name, code.name).inc()
+            m.latency.labels(m.shard, name).observe(time.perf_counter() - started)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _os_error(exc: OSError, what: str) -> HeraldError:
+    if exc.errno == errno.ENOSPC:
+        return ResourceExhausted(f"{what}: disk full ({exc}); free space or pick another path")
+    return FailedPrecondition(f"{what}: {exc}")
+
+
+class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
+    """Serves one shard's store."""
+
+    def __init__(self, store: StagedStore, metrics: PSMetrics, max_message_bytes: int) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.max_message_bytes = max_message_bytes
+        metrics.memory_limit.labels(metrics.shard).set(store.budget.limit_bytes or 0)
+        metrics.committed_iteration.labels(metrics.shard).set(store.committed_iteration)
+
+    # ----- helpers ----------------------------------------------------------
+    def _info(self, table: StagedTable) -> types_pb2.TableInfo:
+        return types_pb2.TableInfo(
+            spec=table.spec.to_proto(),
+            state_width=table.state_width,
+            rows=table.rows,
+            bytes=table.nbytes,
+            shard_index=self.store.shard_index,
+            num_shards=self.store.num_shards,
+        )
+
+    def _observe_size(self, table: StagedTable) -> None:
+        m = self.metrics
+        m.rows.labels(m.shard, table.name).set(table.rows)
+        m.bytes.labels(m.shard, table.name).set(table.nbytes)
+
+    def _check_response_size(self, rows: int, width: int, what: str) -> None:
+        size = rows * (width * 4 + 8)
+        if size > self.max_message_bytes:
+            raise ResourceExhausted(
+                f"{what}: the response would be {size / 2**20:.1f} MiB, over the shard's "
+                f"{self.max_message_bytes / 2**20:.0f} MiB message limit; send fewer keys per "
+                "request (PSClient splits requests automatically) or raise --max-message-mb"
+            )
+
+    # ----- tables -----------------------------------------------------------
+    @_unary
+    def CreateTable(
+        self, request: ps_pb2.CreateTableRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.CreateTableResponse:
+        table, created = self.store.create_table(TableSpec.from_proto(request.spec))
+        if created:
+            log.info("created table %s", table.spec)
+        self._observe_size(table)
+        return ps_pb2.CreateTableResponse(table=self._info(table), created=created)
+
+    @_unary
+    def ListTables(
+        self, request: ps_pb2.ListTablesRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.ListTablesResponse:
+        return ps_pb2.ListTablesResponse(tables=[self._info(t) for t in self.store.tables()])
+
+    @_unary
+    def DescribeTable(
+        self, request: ps_pb2.DescribeTableRequest, context: grpc.ServicerContext
+    ) -> types_pb2.TableInfo:
+        return self._info(self.store.table(request.table))
+
+    # ----- training ---------------------------------------------------------
+    @_unary
+    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> ps_pb2.PullResponse:
+        table = self.store.table(request.table)
+        keys = wire.decode_keys(request.keys)
+        width = table.dim + (table.state_width if request.with_state else 0)
+        self._check_response_size(keys.shape[0], width, f"pull of {keys.shape[0]} keys")
+        block = table.pull(keys, request.with_state)
+        self.metrics.pulled.labels(self.metrics.shard, table.name).inc(keys.shape[0])
+        self._observe_size(table)
+        return ps_pb2.PullResponse(
+            values=wire.encode_floats(block.values),
+            versions=wire.encode_keys(block.versions),
+            state=wire.encode_floats(block.state) if request.with_state else b"",
+            dim=table.dim,
+            state_width=table.state_width,
+        )
+
+    @_unary
+    def PushGradients(
+        self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PushGradientsResponse:
+        table = self.store.table(request.table)
+        keys = wire.decode_keys(request.keys)
+        grads = wire.decode_rows(request.grads, keys.shape[0], table.dim, "grads")
+        applied = table.push(request.iteration, keys, grads)
+        self.metrics.pushed.labels(self.metrics.shard, table.name).inc(keys.shape[0])
+        self._observe_size(table)
+        return ps_pb2.PushGradientsResponse(rows=keys.shape[0], applied=applied)
+
+    @_unary
+    def Commit(
+        self, request: ps_pb2.CommitRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.CommitResponse:
+        started = time.perf_counter()
+        updated, already = self.store.commit(request.iteration)
+        m = self.metrics
+        if not already:
+            m.commit_seconds.labels(m.shard).observe(time.perf_counter() - started)
+            m.committed_iteration.labels(m.shard).set(self.store.committed_iteration)
+            for table in self.store.tables():
+                self._observe_size(table)
+        return ps_pb2.CommitResponse(
+            committed_iteration=self.store.committed_iteration,
+            rows_updated=updated,
+            already_committed=already,
+        )
+
+    @_unary
+    def WriteBack(
+        self, request: ps_pb2.WriteBackRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.WriteBackResponse:
+        table = self.store.table(request.table)
+        keys = wire.decode_keys(request.keys)
+        n = keys.shape[0]
+        values = wire.decode_rows(request.values, n, table.dim, "values")
+        state = wire.decode_rows(request.state, n, table.state_width, "state")
+        base = wire.decode_keys(request.base_versions, "base_versions")
+        new = wire.decode_keys(request.new_versions, "new_versions")
+        if base.shape[0] != n or new.shape[0] != n:
+            raise InvalidArgument(
+                f"write_back: {n} keys but {base.shape[0]} base_versions and "
+                f"{new.shape[0]} new_versions; send one of each per key"
+            )
+        table.write_back(keys, values, state, base, new)
+        self.metrics.written_back.labels(self.metrics.shard, table.name).inc(n)
+        self._observe_size(table)
+        return ps_pb2.WriteBackResponse(rows=n)
+
+    # ----- snapshots and export --------------------------------------------
+    @_unary
+    def Save(self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext) -> ps_pb2.SaveResponse:
+        if not request.path:
+            raise InvalidArgument("save: path is empty; pass a directory to write the snapshot to")
+        iteration, tables = self.store.consistent_snapshot()
+        try:
+            shard_dir = snapshot.write_shard(
+                Path(request.path), self.store.shard_index, self.store.num_shards, iteration, tables
+            )
+        except OSError as exc:
+            raise _os_error(exc, f"save to {request.path!r}") from None
+        return ps_pb2.SaveResponse(
+            rows=sum(len(block) for _, block in tables),
+            committed_iteration=iteration,
+            shard_dir=str(shard_dir),
+        )
+
+    @_unary
+    def Load(self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext) -> ps_pb2.LoadResponse:
+        try:
+            iteration, tables = snapshot.read_for_shard(
+                Path(request.path), self.store.shard_index, self.store.num_shards
+            )
+        except OSError as exc:
+            raise _os_error(exc, f"load from {request.path!r}") from None
+        rows = self.store.replace_all(iteration, tables)
+        m = self.metrics
+        m.committed_iteration.labels(m.shard).set(iteration)
+        for table in self.store.tables():
+            self._observe_size(table)
+        log.info("loaded %d rows at iteration %d from %s", rows, iteration, request.path)
+        return ps_pb2.LoadResponse(rows=rows, committed_iteration=iteration)
+
+    def ExportIncremental(
+        self, request: ps_pb2.ExportIncrementalRequest, context: grpc.ServicerContext
+    ) -> Iterator[ps_pb2.RowBlock]:
+        m = self.metrics
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            block_rows = request.block_rows or DEFAULT_EXPORT_BLOCK_ROWS
+            if block_rows < 0:
+                raise InvalidArgument(f"export: block_rows must be >= 0, got {block_rows}")
+            for table, block in self.store.export(request.since_iteration, request.table):
+                width = table.dim + table.state_width + 2
+                self._check_response_size(min(block_rows, len(block)), width, "export block")
+                for start in range(0, len(block), block_rows):
+                    part = slice(start, start + block_rows)
+                    yield ps_pb2.RowBlock(
+                        table=table.name,
+                        dim=table.dim,
+                        state_width=table.state_width,
+                        keys=wire.encode_keys(block.keys[part]),
+                        values=wire.encode_floats(block.values[part]),
+                        state=wire.encode_floats(block.state[part]),
+                        versions=wire.encode_keys(block.versions[part]),
+                        changed_iterations=wire.encode_keys(block.changed[part]),
+                    )
+        except HeraldError as exc:
+            code = _status_of(exc)
+            context.abort(code, str(exc))
+        finally:
+            m.requests.labels(m.shard, "ExportIncremental", code.name).inc()
+            m.latency.labels(m.shard, "ExportIncremental").observe(time.perf_counter() - started)
+
+    @_unary
+    def GetShardInfo(
+        self, request: ps_pb2.GetShardInfoRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.ShardInfo:
+        return ps_pb2.ShardInfo(
+            shard_index=self.store.shard_index,
+            num_shards=self.store.num_shards,
+            committed_iteration=self.store.committed_iteration,
+            tables=[self._info(t) for t in self.store.tables()],
+            max_message_bytes=self.max_message_bytes,
+        )

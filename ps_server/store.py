@@ -1,0 +1,129 @@
+"""A Staged-PS shard: the tables of one shard and its commit protocol.
+
+Locking (documented in the README):
+- ``_commit_lock`` serialises Commit, CreateTable, Save and Load. Commit
+  takes it, then each table's lock in turn (sorted by name), so a commit is
+  atomic per table and never interleaves with another commit.
+- Each table's own lock covers Pull, PushGradients, WriteBack and Export on
+  that table. A push checks its iteration against the table's committed
+  iteration *under the table lock*; the commit advances that number under
+  the same lock, so a push either lands in the buffer before the commit
+  applies it or is rejected as stale: an acknowledged gradient is never lost.
+- Requests on different tables run in parallel; NumPy and the compiled
+  kernels release the GIL for the heavy parts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.errors import InvalidArgument, StaleIteration, TableExists, UnknownTable
+from heraldps.spec import TableSpec
+from ps_server.memory import MemoryBudget
+from ps_server.table import RowBlock, StagedTable
+
+
+class StagedStore:
+    """Every table of one shard, held in host memory (HugeCTR's Staged-PS)."""
+
+    def __init__(self, shard_index: int = 0, num_shards: int = 1, memory_limit_bytes: int | None = None) -> None:
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index must be in 0..{num_shards - 1}, got {shard_index}")
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self.budget = MemoryBudget(memory_limit_bytes)
+        self.committed_iteration = -1
+        self._tables: dict[str, StagedTable] = {}
+        self._commit_lock = threading.RLock()
+
+    # ----- tables -----------------------------------------------------------
+    def create_table(self, spec: TableSpec) -> tuple[StagedTable, bool]:
+        """Create a table; an equal spec again is a no-op, a different one an error."""
+        with self._commit_lock:
+            existing = self._tables.get(spec.name)
+            if existing is not None:
+                if existing.spec != spec:
+                    raise TableExists(
+                        f"table {spec.name!r} already exists with a different spec "
+                        f"(existing: {existing.spec}, requested: {spec}); pick another name "
+                        "or send the existing spec"
+                    )
+                return existing, False
+            table = StagedTable(spec, self.budget, self.committed_iteration)
+            self._tables[spec.name] = table
+            return table, True
+
+    def table(self, name: str) -> StagedTable:
+        table = self._tables.get(name)
+        if table is None:
+            raise UnknownTable(name, list(self._tables))
+        return table
+
+    def tables(self) -> list[StagedTable]:
+        return [self._tables[name] for name in sorted(self._tables)]
+
+    # ----- training -------------------------------------------------------
+    def pull(self, name: str, keys: npt.NDArray[np.int64], with_state: bool = False) -> RowBlock:
+        return self.table(name).pull(keys, with_state)
+
+    def push(
+        self, name: str, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
+    ) -> bool:
+        return self.table(name).push(iteration, keys, grads)
+
+    def commit(self, iteration: int) -> tuple[int, bool]:
+        """Apply buffered gradients through ``iteration``; return (rows updated, already)."""
+        with self._commit_lock:
+            if iteration < self.committed_iteration:
+                raise StaleIteration(
+                    f"commit of iteration {iteration}, but iteration {self.committed_iteration} "
+                    "is already committed; iterations are committed in increasing order"
+                )
+            if iteration == self.committed_iteration:
+                return 0, True
+            updated = sum(table.commit_through(iteration) for table in self.tables())
+            self.committed_iteration = iteration
+            return updated, False
+
+    def write_back(
+        self,
+        name: str,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        state: npt.NDArray[np.float32],
+        base_versions: npt.NDArray[np.int64],
+        new_versions: npt.NDArray[np.int64],
+    ) -> None:
+        self.table(name).write_back(keys, values, state, base_versions, new_versions)
+
+    def export(self, since_iteration: int, name: str = "") -> Iterator[tuple[StagedTable, RowBlock]]:
+        """Rows changed after ``since_iteration``, table by table."""
+        tables = [self.table(name)] if name else self.tables()
+        for table in tables:
+            yield table, table.export(since_iteration)
+
+    # ----- snapshots --------------------------------------------------------
+    def consistent_snapshot(self) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:
+        """Copies of every table's committed rows, taken between commits."""
+        with self._commit_lock:
+            return self.committed_iteration, [(t.spec, t.snapshot()) for t in self.tables()]
+
+    def replace_all(self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]]) -> int:
+        """Swap in the given tables (snapshot load); nothing changes if any fails to fit."""
+        with self._commit_lock:
+            fresh_budget = MemoryBudget(self.budget.limit_bytes)
+            built: dict[str, StagedTable] = {}
+            for spec, block in tables:
+                if spec.name in built:
+                    raise InvalidArgument(f"snapshot holds table {spec.name!r} twice")
+                table = StagedTable(spec, fresh_budget, committed_iteration)
+                table.load_rows(block)
+                built[spec.name] = table
+            self.budget = fresh_budget
+            self._tables = built
+            self.committed_iteration = committed_iteration
+            return sum(t.rows for t in built.values())

@@ -1,0 +1,323 @@
+"""One embedding table of a Staged-PS shard, held wholly in host memory.
+
+Rows live in contiguous, growable arrays (keys, values, optimizer state,
+version, iteration of last change), addressed through a compiled
+:class:`~heraldps.keyindex.KeyIndex`. Every operation is a handful of
+vectorized array calls on a whole request.
+
+Locking: every public method takes the table's lock for its whole run, so a
+request sees and leaves the table in a consistent state. The shard store
+orders locks as ``commit lock -> table lock`` (see ``store.py``).
+Validation happens before any mutation; memory is charged to the shard's
+:class:`MemoryBudget` before any array grows.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.errors import InvalidArgument, StaleIteration, VersionConflict
+from heraldps.keyindex import KeyIndex
+from heraldps.spec import TableSpec, UpdateMode
+from ps_server.kernels import scatter_add_rows
+from ps_server.memory import MemoryBudget
+
+NEVER_CHANGED = -1
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """Rows of one table, in the order of ``keys``."""
+
+    keys: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float32]
+    state: npt.NDArray[np.float32]
+    versions: npt.NDArray[np.int64]
+    changed: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+
+class GradBuffer:
+    """Summed gradients of one iteration, one row per distinct key."""
+
+    def __init__(self, dim: int) -> None:
+        self.index = KeyIndex()
+        self.keys = np.empty(0, dtype=np.int64)
+        self.grads = np.empty((0, dim), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes + len(self) * (8 + 4 * self.grads.shape[1])
+
+    def bytes_after(self, new_keys: int) -> int:
+        rows = len(self) + new_keys
+        return KeyIndex.bytes_for(rows) + rows * (8 + 4 * self.grads.shape[1])
+
+    def add(self, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]) -> None:
+        slots = self.index.insert(keys)
+        size = len(self.index)
+        if size > self.keys.shape[0]:
+            capacity = max(size, 2 * self.keys.shape[0], 256)
+            self.keys = _grown(self.keys, capacity)
+            self.grads = _grown(self.grads, capacity)
+        self.keys[slots] = keys
+        scatter_add_rows(self.grads, slots, grads)
+
+    def contents(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        n = len(self)
+        return self.keys[:n], self.grads[:n]
+
+
+def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
+    """A copy of ``array`` with ``capacity`` rows; rows past the old length are zero.
+
+    ``np.zeros`` of a large block is a fresh mapping whose untouched pages cost
+    no resident memory, so doubling capacity does not double RSS.
+    """
+    out = np.zeros((capacity, *array.shape[1:]), dtype=array.dtype)
+    out[: array.shape[0]] = array
+    return out
+
+
+class StagedTable:
+    """Host-memory rows of one table on one shard, with per-iteration gradient buffers."""
+
+    def __init__(self, spec: TableSpec, budget: MemoryBudget, committed_iteration: int) -> None:
+        self.spec = spec
+        self.dim = spec.dim
+        self.state_width = spec.state_width
+        self.lock = threading.Lock()
+        self.committed_iteration = committed_iteration
+        self._budget = budget
+        self._charged = 0
+        self._pending_row_reserve = 0
+        self._index = KeyIndex()
+        self._keys = np.empty(0, dtype=np.int64)
+        self._values = np.empty((0, self.dim), dtype=np.float32)
+        self._state = np.empty((0, self.state_width), dtype=np.float32)
+        self._versions = np.empty(0, dtype=np.int64)
+        self._changed = np.empty(0, dtype=np.int64)
+        self._buffers: dict[int, GradBuffer] = {}
+        self._account(self._exact_bytes(), "creating the table")
+
+    # ----- sizes and memory -------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return len(self._index)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per row: key, version, change mark (int64 each), values and state."""
+        return 24 + 4 * (self.dim + self.state_width)
+
+    @property
+    def nbytes(self) -> int:
+        return self._charged
+
+    def _exact_bytes(self) -> int:
+        return (
+            self.rows * self.row_bytes
+            + self._index.nbytes
+            + sum(b.nbytes for b in self._buffers.values())
+            + self._pending_row_reserve * self.row_bytes
+        )
+
+    def _account(self, total: int, what: str) -> None:
+        self._budget.charge(total - self._charged, what)
+        self._charged = total
+
+    def release(self) -> None:
+        """Give every charged byte back (the table is being dropped)."""
+        self._budget.release(self._charged)
+        self._charged = 0
+
+    def _bytes_with_new_rows(self, new_rows: int) -> int:
+        grown_index = KeyIndex.bytes_for(self.rows + new_rows) - self._index.nbytes
+        return self._charged + new_rows * self.row_bytes + max(0, grown_index)
+
+    # ----- row creation -----------------------------------------------------
+    def _count_missing(self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> int:
+        missing = keys[rows < 0]
+        return int(np.unique(missing).shape[0]) if missing.shape[0] else 0
+
+    def _ensure_rows(
+        self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        """Create the rows of keys whose ``rows`` entry is -1 (memory already charged)."""
+        absent = rows < 0
+        if not absent.any():
+            return rows
+        old = self.rows
+        rows = rows.copy()
+        rows[absent] = self._index.insert(keys[absent])
+        new = self.rows
+        if new > self._keys.shape[0]:
+            capacity = max(new, 2 * self._keys.shape[0], 1024)
+            self._keys = _grown(self._keys, capacity)
+            self._values = _grown(self._values, capacity)
+            self._state = _grown(self._state, capacity)
+            self._versions = _grown(self._versions, capacity)
+            self._changed = _grown(self._changed, capacity)
+        # Rows old..new-1 were created in first-occurrence order of the absent keys.
+        new_keys = np.empty(new - old, dtype=np.int64)
+        new_keys[rows[absent] - old] = keys[absent]
+        self._keys[old:new] = new_keys
+        self._values[old:new] = self.spec.initializer.generate(new_keys, self.dim)
+        self._state[old:new] = self.spec.optimizer.init_state(new - old, self.dim)
+        self._versions[old:new] = 0
+        self._changed[old:new] = NEVER_CHANGED
+        return rows
+
+    def _lookup_or_create(self, keys: npt.NDArray[np.int64], what: str) -> npt.NDArray[np.int64]:
+        rows = self._index.lookup(keys)
+        new_rows = self._count_missing(keys, rows)
+        if new_rows:
+            self._account(self._bytes_with_new_rows(new_rows), what)
+            rows = self._ensure_rows(keys, rows)
+            self._account(self._exact_bytes(), what)
+        return rows
+
+    # ----- requests ---------------------------------------------------------
+    def pull(self, keys: npt.NDArray[np.int64], with_state: bool) -> RowBlock:
+        """Rows of ``keys`` in request order, creating unseen keys."""
+        with self.lock:
+            rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
+            state = self._state[rows] if with_state else np.empty((len(rows), 0), np.float32)
+            return RowBlock(keys, self._values[rows], state, self._versions[rows], self._changed[rows])
+
+    def push(
+        self, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
+    ) -> bool:
+        """Buffer gradients for ``iteration`` (or apply at once); True if applied."""
+        what = f"push of {keys.shape[0]} gradients to {self.name!r}"
+        with self.lock:
+            if self.spec.update_mode is UpdateMode.IMMEDIATE:
+                unique, inverse = np.unique(keys, return_inverse=True)
+                summed = np.zeros((unique.shape[0], self.dim), dtype=np.float32)
+                scatter_add_rows(summed, inverse.astype(np.int64), grads)
+                rows = self._lookup_or_create(unique, what)
+                self._apply(rows, summed, self.committed_iteration + 1)
+                return True
+            if iteration <= self.committed_iteration:
+                raise StaleIteration(
+                    f"push to iteration {iteration} of table {self.name!r}, but iteration "
+                    f"{self.committed_iteration} is already committed; push to a newer iteration"
+                )
+            buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
+            new_in_buffer = keys[buffer.index.lookup(keys) < 0]
+            new_in_buffer = np.unique(new_in_buffer) if new_in_buffer.shape[0] else new_in_buffer
+            new_rows = int((self._index.lookup(new_in_buffer) < 0).sum())
+            growth = buffer.bytes_after(new_in_buffer.shape[0]) - buffer.nbytes
+            self._account(self._charged + growth + new_rows * self.row_bytes, what)
+            self._pending_row_reserve += new_rows
+            buffer.add(keys, grads)
+            self._buffers[iteration] = buffer
+            self._account(self._exact_bytes(), what)
+            return False
+
+    def commit_through(self, iteration: int) -> int:
+        """Apply every buffer of an iteration <= ``iteration`` in order; return rows updated."""
+        with self.lock:
+            updated = 0
+            for it in sorted(i for i in self._buffers if i <= iteration):
+                keys, grads = self._buffers.pop(it).contents()
+                rows = self._ensure_rows(keys, self._index.lookup(keys))
+                self._apply(rows, grads, it)
+                updated += rows.shape[0]
+            self.committed_iteration = max(self.committed_iteration, iteration)
+            if not self._buffers:
+                self._pending_row_reserve = 0
+            # Shrinking the charge cannot fail: rows were reserved when pushed.
+            self._account(self._exact_bytes(), "commit")
+            return updated
+
+    def _apply(self, rows: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], it: int) -> None:
+        values = self._values[rows]
+        state = self._state[rows]
+        self.spec.optimizer.apply(values, state, grads)
+        self._values[rows] = values
+        self._state[rows] = state
+        self._versions[rows] += 1
+        self._changed[rows] = it
+
+    def write_back(
+        self,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        state: npt.NDArray[np.float32],
+        base_versions: npt.NDArray[np.int64],
+        new_versions: npt.NDArray[np.int64],
+    ) -> None:
+        """Store rows a worker updated, only if every stored version equals its base."""
+        if np.unique(keys).shape[0] != keys.shape[0]:
+            raise InvalidArgument("write_back: keys must be distinct (one row per key)")
+        behind = new_versions < base_versions
+        if behind.any():
+            i = int(np.flatnonzero(behind)[0])
+            raise InvalidArgument(
+                f"write_back: key {keys[i]} has new_version {new_versions[i]} < base_version "
+                f"{base_versions[i]}; versions only move forward"
+            )
+        with self.lock:
+            rows = self._index.lookup(keys)
+            stored = np.where(rows >= 0, self._versions[np.maximum(rows, 0)], 0)
+            moved = stored != base_versions
+            if moved.any():
+                i = int(np.flatnonzero(moved)[0])
+                raise VersionConflict(
+                    f"write_back to {self.name!r} rejected: {int(moved.sum())} of {keys.shape[0]} "
+                    f"rows changed since the worker read them (key {keys[i]}: stored version "
+                    f"{stored[i]}, base_version {base_versions[i]}); pull them again and retry"
+                )
+            rows = self._lookup_or_create(keys, f"write_back of {keys.shape[0]} rows")
+            self._values[rows] = values
+            self._state[rows] = state
+            self._versions[rows] = new_versions
+            self._changed[rows] = self.committed_iteration + 1
+
+    def export(self, since_iteration: int) -> RowBlock:
+        """Rows changed after ``since_iteration`` (every row when it is negative)."""
+        with self.lock:
+            n = self.rows
+            if since_iteration < 0:
+                rows = np.arange(n)
+            else:
+                rows = np.flatnonzero(self._changed[:n] > since_iteration)
+            return RowBlock(
+                self._keys[rows],
+                self._values[rows],
+                self._state[rows],
+                self._versions[rows],
+                self._changed[rows],
+            )
+
+    def snapshot(self) -> RowBlock:
+        """A copy of every committed row (pending gradient buffers are not part of it)."""
+        return self.export(-1)
+
+    def load_rows(self, block: RowBlock) -> None:
+        """Fill an empty table with ``block`` (snapshot restore)."""
+        with self.lock:
+            if self.rows:
+                raise InvalidArgument(f"table {self.name!r} is not empty")
+            n = len(block)
+            self._account(self._bytes_with_new_rows(n), f"loading {n} rows into {self.name!r}")
+            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64))
+            self._values[rows] = block.values
+            self._state[rows] = block.state
+            self._versions[rows] = block.versions
+            self._changed[rows] = block.changed
+            self._account(self._exact_bytes(), "load")
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
