@@ -1,0 +1,47 @@
+"""Shared fixtures: real shard servers on 127.0.0.1 with ephemeral ports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from heraldps.client import PSClient
+from ps_server.server import PSConfig, PSServer
+
+ClusterFactory = Callable[..., tuple[list[PSServer], PSClient]]
+
+
+@pytest.fixture
+def cluster() -> Iterator[ClusterFactory]:
+    """Start ``num_shards`` in-process shards and a client; everything stops after the test."""
+    started: list[tuple[list[PSServer], PSClient]] = []
+
+    def start(
+        num_shards: int = 2, max_message_mb: int = 64, memory_limit_gb: float | None = None,
+        client_max_message_mb: int | None = None,
+    ) -> tuple[list[PSServer], PSClient]:
+        servers = []
+        for index in range(num_shards):
+            server = PSServer(
+                PSConfig(
+                    host="127.0.0.1", port=0, shard_index=index, num_shards=num_shards,
+                    metrics_port=0, max_message_mb=max_message_mb,
+                    memory_limit_gb=memory_limit_gb, grace_seconds=1.0,
+                )
+            )
+            server.start()
+            servers.append(server)
+        client = PSClient(
+            [f"127.0.0.1:{s.port}" for s in servers],
+            max_message_mb=client_max_message_mb or max_message_mb,
+        )
+        client.wait_ready()
+        started.append((servers, client))
+        return servers, client
+
+    yield start
+    for servers, client in started:
+        client.close()
+        for server in servers:
+            server.stop(grace=0)

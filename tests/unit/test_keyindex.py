@@ -1,0 +1,36 @@
+"""The compiled key index against a Python dict."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heraldps.keyindex import KeyIndex
+
+int64s = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches=st.lists(st.lists(st.one_of(int64s, st.integers(-5, 5)), max_size=300), max_size=8))
+def test_insert_and_lookup_match_a_dict(batches: list[list[int]]) -> None:
+    index = KeyIndex()
+    reference: dict[int, int] = {}
+    for batch in batches:
+        keys = np.array(batch, dtype=np.int64)
+        rows = index.insert(keys)
+        for key, row in zip(batch, rows.tolist(), strict=True):
+            assert reference.setdefault(key, len(reference)) == row
+        assert len(index) == len(reference)
+    probe = np.array(list(reference) + [7_777_777_777], dtype=np.int64)
+    expected = [reference.get(k, -1) for k in probe.tolist()]
+    assert index.lookup(probe).tolist() == expected
+
+
+def test_growth_keeps_rows() -> None:
+    index = KeyIndex()
+    keys = np.random.default_rng(1).permutation(200_000).astype(np.int64) * 7919
+    rows = np.concatenate([index.insert(chunk) for chunk in np.array_split(keys, 13)])
+    assert rows.tolist() == list(range(200_000))
+    assert np.array_equal(index.lookup(keys[::-1]), rows[::-1])
+    assert index.nbytes == KeyIndex.bytes_for(200_000)

@@ -1,0 +1,56 @@
+"""Key routing and deterministic initializers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heraldps.init import Normal, Uniform, Zeros, initializer_from_proto
+from heraldps.sharding import shard_of, split_by_shard
+
+
+def test_shards_are_balanced_and_stable() -> None:
+    keys = np.arange(300_000, dtype=np.int64)
+    counts = np.bincount(shard_of(keys, 3), minlength=3)
+    assert counts.min() > 0.97 * 100_000
+    assert np.array_equal(shard_of(keys, 3), shard_of(keys.copy(), 3))
+
+
+def test_adding_a_shard_moves_keys_only_to_the_new_shard() -> None:
+    keys = np.random.default_rng(0).integers(-(2**62), 2**62, 100_000)
+    before, after = shard_of(keys, 4), shard_of(keys, 5)
+    moved = before != after
+    assert np.all(after[moved] == 4)
+    assert 0.15 < moved.mean() < 0.25  # about 1/5
+
+
+def test_split_by_shard_reassembles_in_caller_order() -> None:
+    keys = np.random.default_rng(2).integers(0, 1000, 5000)
+    order, slices = split_by_shard(keys, 3)
+    shards = shard_of(keys, 3)
+    out = np.empty_like(keys)
+    for s, part in enumerate(slices):
+        assert np.all(shards[order[part]] == s)
+        out[order[part]] = keys[order[part]]
+    assert np.array_equal(out, keys)
+
+
+@pytest.mark.parametrize("init", [Normal(std=0.5, seed=3), Uniform(-1, 2, seed=9), Zeros()])
+def test_row_depends_only_on_seed_and_key(init: Normal | Uniform | Zeros) -> None:
+    keys = np.array([5, -1, 1 << 40, 5, 123], dtype=np.int64)
+    rows = init.generate(keys, 8)
+    assert rows.dtype == np.float32 and rows.shape == (5, 8)
+    assert np.array_equal(rows[0], rows[3])
+    alone = np.concatenate([init.generate(keys[i : i + 1], 8) for i in range(5)])
+    assert np.array_equal(rows, alone)
+    assert np.array_equal(initializer_from_proto(init.to_proto()).generate(keys, 8), rows)
+
+
+def test_initializer_distributions() -> None:
+    keys = np.arange(20_000, dtype=np.int64)
+    n = Normal(std=0.1, mean=1.0, seed=1).generate(keys, 16)
+    assert abs(n.mean() - 1.0) < 0.002 and abs(n.std() - 0.1) < 0.002
+    u = Uniform(-0.5, 1.5, seed=1).generate(keys, 16)
+    assert u.min() >= -0.5 and u.max() < 1.5 and abs(u.mean() - 0.5) < 0.01
+    other_seed = Normal(std=0.1, mean=1.0, seed=2).generate(keys, 16)
+    assert not np.array_equal(n, other_seed)
