@@ -269,7 +269,9 @@ class StagedTable:
             )
         with self.lock:
             rows = self._index.lookup(keys)
-            stored = np.where(rows >= 0, self._versions[np.maximum(rows, 0)], 0)
+            present = rows >= 0
+            stored = np.zeros(keys.shape[0], dtype=np.int64)
+            stored[present] = self._versions[rows[present]]
             moved = stored != base_versions
             if moved.any():
                 i = int(np.flatnonzero(moved)[0])

@@ -1,0 +1,286 @@
+"""A real cluster of shard servers on 127.0.0.1, driven through PSClient and raw stubs."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from heraldps import wire
+from heraldps.client import PSClient
+from heraldps.init import Normal, Uniform
+from heraldps.optim import SGD, AdaGrad, Adam
+from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
+from tests.conftest import ClusterFactory
+
+
+def test_readme_example(cluster: ClusterFactory) -> None:
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=16, optimizer=SGD(lr=0.1), initializer=Normal(std=0.01, seed=7))
+    keys = np.array([3, 1 << 40, 3], dtype=np.int64)
+    values, versions = ps.pull("emb", keys)
+    assert values.shape == (3, 16) and values.dtype == np.float32
+    assert versions.tolist() == [0, 0, 0]
+    ps.push_gradients("emb", keys, np.ones((3, 16), np.float32), iteration=0)
+    assert ps.commit(iteration=0) == 2
+    after, versions = ps.pull("emb", keys)
+    np.testing.assert_allclose(after - values, [[-0.2] * 16, [-0.1] * 16, [-0.2] * 16], atol=1e-6)
+    assert versions.tolist() == [1, 1, 1]
+
+
+def test_rows_do_not_depend_on_shard_count(cluster: ClusterFactory) -> None:
+    keys = np.random.default_rng(0).integers(-(2**60), 2**60, 3000)
+    results = []
+    for shards in (1, 3):
+        _, ps = cluster(shards)
+        ps.create_table("emb", dim=8, optimizer=AdaGrad(lr=0.1), initializer=Uniform(-1, 1, seed=4))
+        results.append(ps.pull("emb", keys)[0])
+        stats = ps.describe_table("emb")
+        assert stats.rows == np.unique(keys).shape[0] and stats.state_width == 8
+    assert np.array_equal(results[0], results[1])
+
+
+def test_create_table_is_idempotent(cluster: ClusterFactory) -> None:
+    _, ps = cluster(2)
+    assert ps.create_table("t", dim=4, optimizer=Adam(lr=0.01)) is True
+    assert ps.create_table("t", dim=4, optimizer=Adam(lr=0.01)) is False
+    with pytest.raises(grpc.RpcError) as err:
+        ps.create_table("t", dim=4, optimizer=Adam(lr=0.02))
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert list(ps.list_tables()) == ["t"]
+
+
+def test_large_requests_are_chunked(cluster: ClusterFactory) -> None:
+    """A 1 MiB message limit on both sides; 40k keys x 32 floats is ~5 MiB per direction."""
+    _, ps = cluster(2, max_message_mb=1)
+    ps.create_table("big", dim=32, optimizer=SGD(lr=1.0), initializer=Normal(std=1, seed=2))
+    keys = np.random.default_rng(1).permutation(40_000).astype(np.int64)
+    values, _ = ps.pull("big", keys)
+    assert np.array_equal(values, Normal(std=1, seed=2).generate(keys, 32))
+    grads = np.ones((40_000, 32), np.float32)
+    ps.push_gradients("big", keys, grads, iteration=0)
+    ps.commit(0)
+    after, versions = ps.pull("big", keys)
+    np.testing.assert_allclose(after, values - 1, atol=1e-5)
+    assert np.all(versions == 1)
+
+
+def test_oversized_message_is_resource_exhausted(cluster: ClusterFactory) -> None:
+    servers, _ = cluster(1, max_message_mb=1)
+    with grpc.insecure_channel(
+        f"127.0.0.1:{servers[0].port}", options=[("grpc.max_send_message_length", 8 * 2**20)]
+    ) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        stub.CreateTable(ps_pb2.CreateTableRequest(spec=types_pb2.TableSpec(
+            name="t", dim=4, optimizer=types_pb2.Optimizer(sgd=types_pb2.SgdOptimizer(lr=0.1))
+        )))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Pull(ps_pb2.PullRequest(table="t", keys=b"\0" * (2 * 2**20)))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # A response over the limit is refused before any row is created.
+        keys = wire.encode_keys(np.arange(100_000))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Pull(ps_pb2.PullRequest(table="t", keys=keys))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "message limit" in (err.value.details() or "")
+        assert servers[0].store.table("t").rows == 0
+
+
+class RawShard:
+    """A stub on one shard plus a way to read every stored row directly."""
+
+    def __init__(self, ps: PSClient, port: int, server: object) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = ps_pb2_grpc.ParameterServerStub(self.channel)
+        self.server = server
+
+    def rows(self) -> tuple[np.ndarray, ...]:
+        block = self.server.store.table("emb").snapshot()  # type: ignore[attr-defined]
+        return block.keys, block.values, block.state, block.versions
+
+    def expect(self, code: grpc.StatusCode, call: str, request: object, match: str) -> None:
+        before = self.rows()
+        with pytest.raises(grpc.RpcError) as err:
+            getattr(self.stub, call)(request)
+        assert err.value.code() == code, err.value.details()
+        assert match in (err.value.details() or ""), err.value.details()
+        for x, y in zip(before, self.rows(), strict=True):
+            assert np.array_equal(x, y)
+
+
+@pytest.fixture
+def raw(cluster: ClusterFactory) -> RawShard:
+    servers, ps = cluster(1)
+    ps.create_table("emb", dim=4, optimizer=AdaGrad(lr=0.1), initializer=Normal(std=1, seed=1))
+    keys = np.arange(10)
+    ps.pull("emb", keys)
+    ps.push_gradients("emb", keys, np.ones((10, 4)), iteration=0)
+    ps.commit(0)
+    return RawShard(ps, servers[0].port, servers[0])
+
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _keys(*k: int) -> bytes:
+    return wire.encode_keys(np.array(k, dtype=np.int64))
+
+
+def _floats(rows: int, width: int, fill: float = 1.0) -> bytes:
+    return wire.encode_floats(np.full((rows, width), fill, np.float32))
+
+
+def test_bad_input_codes_and_untouched_rows(raw: RawShard) -> None:
+    push = ps_pb2.PushGradientsRequest
+    raw.expect(grpc.StatusCode.NOT_FOUND, "Pull", ps_pb2.PullRequest(table="nope", keys=_keys(1)), "nope")
+    raw.expect(INVALID, "Pull", ps_pb2.PullRequest(table="emb", keys=b"\1\2\3"), "multiple of 8")
+    raw.expect(INVALID, "PushGradients",
+               push(table="emb", iteration=1, keys=_keys(1, 2), grads=_floats(2, 3)), "4 float32")
+    raw.expect(INVALID, "PushGradients",
+               push(table="emb", iteration=1, keys=_keys(1, 2), grads=_floats(2, 4, float("nan"))),
+               "NaN")
+    raw.expect(INVALID, "PushGradients",
+               push(table="emb", iteration=1, keys=_keys(1), grads=_floats(1, 4, float("inf"))), "Inf")
+    raw.expect(grpc.StatusCode.FAILED_PRECONDITION, "PushGradients",
+               push(table="emb", iteration=0, keys=_keys(1), grads=_floats(1, 4)), "already committed")
+    raw.expect(grpc.StatusCode.FAILED_PRECONDITION, "Commit", ps_pb2.CommitRequest(iteration=-1),
+               "already committed")
+    wb = ps_pb2.WriteBackRequest
+    raw.expect(grpc.StatusCode.ABORTED, "WriteBack",
+               wb(table="emb", keys=_keys(1, 2), values=_floats(2, 4), state=_floats(2, 4),
+                  base_versions=_keys(1, 0), new_versions=_keys(2, 1)), "changed since")
+    raw.expect(INVALID, "WriteBack",
+               wb(table="emb", keys=_keys(1), values=_floats(1, 4, float("nan")), state=_floats(1, 4),
+                  base_versions=_keys(1), new_versions=_keys(2)), "NaN")
+    raw.expect(INVALID, "WriteBack",
+               wb(table="emb", keys=_keys(1), values=_floats(1, 4), state=_floats(1, 2),
+                  base_versions=_keys(1), new_versions=_keys(2)), "state")
+    raw.expect(INVALID, "WriteBack",
+               wb(table="emb", keys=_keys(1), values=_floats(1, 4), state=_floats(1, 4),
+                  base_versions=_keys(1, 1), new_versions=_keys(2)), "base_versions")
+    bad_spec = types_pb2.TableSpec(name="x", dim=-2, optimizer=SGD().to_proto())
+    raw.expect(INVALID, "CreateTable", ps_pb2.CreateTableRequest(spec=bad_spec), "dim")
+    no_opt = types_pb2.TableSpec(name="x", dim=2)
+    raw.expect(INVALID, "CreateTable", ps_pb2.CreateTableRequest(spec=no_opt), "optimizer")
+    raw.expect(grpc.StatusCode.ALREADY_EXISTS, "CreateTable",
+               ps_pb2.CreateTableRequest(spec=types_pb2.TableSpec(name="emb", dim=5,
+                                                                  optimizer=SGD().to_proto())),
+               "different spec")
+    raw.expect(INVALID, "Save", ps_pb2.SaveRequest(path=""), "path")
+    raw.expect(INVALID, "Load", ps_pb2.LoadRequest(path="/nonexistent/snap"), "not a directory")
+
+
+def test_memory_cap_over_grpc(cluster: ClusterFactory) -> None:
+    servers, ps = cluster(1, memory_limit_gb=1 / 1024)  # 1 MiB
+    ps.create_table("emb", dim=64, optimizer=AdaGrad())
+    ps.pull("emb", np.arange(100))
+    before = servers[0].store.table("emb").snapshot()
+    with pytest.raises(grpc.RpcError) as err:
+        ps.pull("emb", np.arange(100, 10_000))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    after = servers[0].store.table("emb").snapshot()
+    assert np.array_equal(before.keys, after.keys) and np.array_equal(before.values, after.values)
+
+
+def test_concurrent_clients_equal_serial(cluster: ClusterFactory) -> None:
+    rng = np.random.default_rng(3)
+    work = [(rng.integers(0, 300, 500), rng.normal(size=(500, 8)).astype(np.float32)) for _ in range(12)]
+    results = []
+    for concurrent in (False, True):
+        servers, ps = cluster(2)
+        ps.create_table("emb", dim=8, optimizer=SGD(lr=0.125), initializer=Normal(std=1, seed=3))
+        clients = [PSClient(ps.addresses) for _ in work]
+        if concurrent:
+            threads = [threading.Thread(target=c.push_gradients, args=("emb", k, g, 0))
+                       for c, (k, g) in zip(clients, work, strict=True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        else:
+            for c, (k, g) in zip(clients, work, strict=True):
+                c.push_gradients("emb", k, g, 0)
+        ps.commit(0)
+        results.append(ps.pull_with_state("emb", np.arange(300)))
+        for c in clients:
+            c.close()
+    assert np.array_equal(results[0][1], results[1][1])
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+
+
+def test_write_back_and_dense(cluster: ClusterFactory) -> None:
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=AdaGrad(lr=0.1, initial_accumulator=0.1))
+    keys = np.arange(20)
+    values, versions, state = ps.pull_with_state("emb", keys)
+    opt = AdaGrad(lr=0.1, initial_accumulator=0.1)
+    opt.apply(values, state, np.ones((20, 4), np.float32))
+    ps.write_back("emb", keys, values, state, versions, versions + 1)
+    got_v, got_ver, got_s = ps.pull_with_state("emb", keys)
+    assert np.array_equal(got_v, values) and np.array_equal(got_s, state) and np.all(got_ver == 1)
+    with pytest.raises(grpc.RpcError) as err:
+        ps.write_back("emb", keys, values, state, versions, versions + 1)
+    assert err.value.code() == grpc.StatusCode.ABORTED
+
+    initial = np.linspace(-1, 1, 1000).astype(np.float32)
+    dense = ps.create_dense("mlp", 1000, SGD(lr=0.5), initial=initial)
+    assert dense.rows == 4
+    assert np.array_equal(ps.pull_dense(dense), initial)
+    ps.push_dense_gradients(dense, np.ones(1000, np.float32), iteration=0)
+    ps.commit(0)
+    np.testing.assert_allclose(ps.pull_dense(dense), initial - 0.5, atol=1e-6)
+
+
+def test_save_load_and_export(cluster: ClusterFactory, tmp_path: Path) -> None:
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=Adam(lr=0.01), initializer=Normal(std=1, seed=5))
+    keys = np.arange(100)
+    for it in range(3):
+        ps.pull("emb", keys)
+        ps.push_gradients("emb", keys[it::3], np.ones((keys[it::3].shape[0], 4)), iteration=it)
+        ps.commit(it)
+    assert ps.save(str(tmp_path / "snap")) == 100
+    exported = ps.export_incremental(1)["emb"]
+    assert sorted(exported.keys.tolist()) == keys[2::3].tolist()
+    assert set(exported.changed_iterations.tolist()) == {2}
+    assert len(ps.export_incremental(-1)["emb"].keys) == 100
+    want = ps.pull_with_state("emb", keys)
+
+    _, ps3 = cluster(3)
+    assert ps3.load(str(tmp_path / "snap")) == 100
+    got = ps3.pull_with_state("emb", keys)
+    for x, y in zip(want, got, strict=True):
+        assert np.array_equal(x, y)
+    with pytest.raises(grpc.RpcError) as err:
+        ps3.push_gradients("emb", keys, np.ones((100, 4)), iteration=2)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert sorted(p.name for p in (tmp_path / "snap").iterdir()) == [
+        "shard-00000-of-00002", "shard-00001-of-00002"]
+
+
+def test_health_reflection_and_metrics(cluster: ClusterFactory) -> None:
+    servers, ps = cluster(1)
+    server = servers[0]
+    ps.create_table("emb", dim=4, optimizer=SGD())
+    ps.pull("emb", np.arange(7))
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "heraldps.v1.ParameterServer"):
+            status = health.Check(health_pb2.HealthCheckRequest(service=service)).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        answers = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            list_services="")])))
+        names = {s.name for s in answers[0].list_services_response.service}
+        assert "heraldps.v1.ParameterServer" in names
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
+    assert 'heraldps_ps_pull_keys_total{shard="0",table="emb"} 7.0' in text
+    assert 'heraldps_ps_requests_total{code="OK",method="Pull",shard="0"} 1.0' in text
+    assert 'heraldps_ps_rows{shard="0",table="emb"} 7.0' in text
+    assert "heraldps_ps_request_seconds_bucket" in text
