@@ -4,7 +4,8 @@ The value of a new row depends only on (initializer, seed, key): element ``j``
 of key ``k`` is drawn from a counter-based generator keyed by
 ``splitmix64(seed ^ splitmix64(k)) + j``. No state is carried between calls,
 so any number of shards, any order of first touch and any worker produce the
-same row for the same key.
+same row for the same key. (Uniform: element j uses counter j; normal: the
+pair (2p, 2p+1) is one Box-Muller draw from counters 2p and 2p+1.)
 """
 
 from __future__ import annotations
@@ -22,16 +23,44 @@ from heraldps.sharding import splitmix64
 from heraldps.v1 import types_pb2
 
 
+_TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _unit(bits: np.uint64) -> float:  # pragma: no cover - compiled
+    """53 random bits -> a float in (0, 1)."""
+    return (np.float64(bits >> np.uint64(11)) + 0.5) * _TO_UNIT
+
+
 @numba.njit(cache=True, nogil=True)
-def _uniform01(
-    keys: npt.NDArray[np.int64], dim: int, seed: np.uint64, stream: np.uint64
-) -> npt.NDArray[np.float64]:  # pragma: no cover - compiled
-    out = np.empty((keys.shape[0], dim), dtype=np.float64)
+def _uniform_rows(
+    keys: npt.NDArray[np.int64], dim: int, seed: np.uint64, low: float, high: float
+) -> npt.NDArray[np.float32]:  # pragma: no cover - compiled
+    out = np.empty((keys.shape[0], dim), dtype=np.float32)
+    scale = high - low
     for i in range(keys.shape[0]):
-        base = splitmix64(seed ^ splitmix64(np.uint64(keys[i]) ^ stream))
+        base = splitmix64(seed ^ splitmix64(np.uint64(keys[i])))
         for j in range(dim):
-            bits = splitmix64(base + np.uint64(j)) >> np.uint64(11)
-            out[i, j] = (np.float64(bits) + 0.5) * (1.0 / 9007199254740992.0)
+            out[i, j] = low + scale * _unit(splitmix64(base + np.uint64(j)))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _normal_rows(
+    keys: npt.NDArray[np.int64], dim: int, seed: np.uint64, mean: float, std: float
+) -> npt.NDArray[np.float32]:  # pragma: no cover - compiled
+    """Box-Muller: element pair (2p, 2p+1) shares two uniforms (cos and sin branches)."""
+    out = np.empty((keys.shape[0], dim), dtype=np.float32)
+    for i in range(keys.shape[0]):
+        base = splitmix64(seed ^ splitmix64(np.uint64(keys[i])))
+        for p in range((dim + 1) // 2):
+            u1 = _unit(splitmix64(base + np.uint64(2 * p)))
+            u2 = _unit(splitmix64(base + np.uint64(2 * p + 1)))
+            radius = std * math.sqrt(-2.0 * math.log(u1))
+            angle = 2.0 * math.pi * u2
+            out[i, 2 * p] = mean + radius * math.cos(angle)
+            if 2 * p + 1 < dim:
+                out[i, 2 * p + 1] = mean + radius * math.sin(angle)
     return out
 
 
@@ -63,8 +92,11 @@ class Uniform:
             )
 
     def generate(self, keys: npt.NDArray[np.int64], dim: int) -> npt.NDArray[np.float32]:
-        u = _uniform01(np.ascontiguousarray(keys, np.int64), dim, np.uint64(self.seed), np.uint64(0))
-        return (self.low + (self.high - self.low) * u).astype(np.float32)
+        keys = np.ascontiguousarray(keys, np.int64)
+        rows: npt.NDArray[np.float32] = _uniform_rows(
+            keys, dim, np.uint64(self.seed), self.low, self.high
+        )
+        return rows
 
     def to_proto(self) -> types_pb2.Initializer:
         return types_pb2.Initializer(
@@ -89,10 +121,10 @@ class Normal:
 
     def generate(self, keys: npt.NDArray[np.int64], dim: int) -> npt.NDArray[np.float32]:
         keys = np.ascontiguousarray(keys, np.int64)
-        u1 = _uniform01(keys, dim, np.uint64(self.seed), np.uint64(0))
-        u2 = _uniform01(keys, dim, np.uint64(self.seed), np.uint64(0x5DEECE66D))
-        z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-        return (self.mean + self.std * z).astype(np.float32)
+        rows: npt.NDArray[np.float32] = _normal_rows(
+            keys, dim, np.uint64(self.seed), self.mean, self.std
+        )
+        return rows
 
     def to_proto(self) -> types_pb2.Initializer:
         return types_pb2.Initializer(

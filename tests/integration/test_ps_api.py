@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -284,3 +285,36 @@ def test_health_reflection_and_metrics(cluster: ClusterFactory) -> None:
     assert 'heraldps_ps_requests_total{code="OK",method="Pull",shard="0"} 1.0' in text
     assert 'heraldps_ps_rows{shard="0",table="emb"} 7.0' in text
     assert "heraldps_ps_request_seconds_bucket" in text
+
+
+def test_graceful_stop_reports_not_serving_and_finishes_in_flight(cluster: ClusterFactory) -> None:
+    servers, ps = cluster(1)
+    server = servers[0]
+    ps.create_table("emb", dim=64, optimizer=AdaGrad())
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    result: dict[str, object] = {}
+
+    def big_pull() -> None:
+        result["values"] = ps.pull("emb", np.arange(400_000))[0]
+
+    puller = threading.Thread(target=big_pull)
+    puller.start()
+    deadline = time.monotonic() + 10
+    empty_bytes = server.store.budget.used_bytes
+    # The pull charges its memory before it creates rows: from then on it is in flight.
+    while server.store.budget.used_bytes == empty_bytes:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    stopper = threading.Thread(target=server.stop, kwargs={"grace": 10})
+    stopper.start()
+    assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    watch.cancel()  # an open Watch stream would hold the drain for the whole grace period
+    puller.join()
+    stopper.join()
+    assert result["values"].shape == (400_000, 64)  # type: ignore[attr-defined]
+    with pytest.raises(grpc.RpcError) as err:
+        ps.pull("emb", np.arange(3))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
