@@ -33,19 +33,27 @@ def _add_ps_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
     )
     p.add_argument(
-        "--max-message-mb", type=int, default=64,
+        "--max-message-mb",
+        type=int,
+        default=64,
         help="largest gRPC message accepted or sent, MiB (default: %(default)s)",
     )
     p.add_argument(
-        "--memory-limit-gb", type=float, default=None,
+        "--memory-limit-gb",
+        type=float,
+        default=None,
         help="cap on table memory; requests beyond it fail with RESOURCE_EXHAUSTED",
     )
     p.add_argument("--threads", type=int, default=16, help="RPC handler threads")
     p.add_argument(
-        "--grace-seconds", type=float, default=10.0,
+        "--grace-seconds",
+        type=float,
+        default=10.0,
         help="on SIGTERM, time given to in-flight RPCs (default: %(default)s)",
     )
-    p.add_argument("--port-file", default=None, help="write '<port> <metrics port>' here when ready")
+    p.add_argument(
+        "--port-file", default=None, help="write '<port> <metrics port>' here when ready"
+    )
     p.set_defaults(run=_run_ps)
 
 

@@ -141,9 +141,7 @@ class PSClient:
                 raise TimeoutError(f"shard {address} not reachable within {timeout}s") from None
 
     # ----- transport --------------------------------------------------------
-    def _call(
-        self, shard: int, method: str, request: Any, idempotent: bool
-    ) -> Callable[[], Any]:
+    def _call(self, shard: int, method: str, request: Any, idempotent: bool) -> Callable[[], Any]:
         """Start one RPC now; the returned function waits for it (retrying if allowed)."""
         rpc = getattr(self._stubs[shard], method)
         future = rpc.future(request, timeout=self.timeout)
@@ -175,7 +173,9 @@ class PSClient:
             self._widths[table] = (info.spec.dim, info.state_width)
         return self._widths[table]
 
-    def _chunks(self, keys: npt.NDArray[np.int64], row_bytes: int) -> Iterator[tuple[int, npt.NDArray[np.intp]]]:
+    def _chunks(
+        self, keys: npt.NDArray[np.int64], row_bytes: int
+    ) -> Iterator[tuple[int, npt.NDArray[np.intp]]]:
         """(shard, positions in ``keys``) of each request, each under the message limit."""
         order, slices = split_by_shard(keys, self.num_shards)
         per_request = max(1, int(self.max_message_bytes * _MESSAGE_FILL) // max(row_bytes, 1))
@@ -251,10 +251,14 @@ class PSClient:
         for positions, wait in pending:
             response = wait()
             n = positions.shape[0]
-            values[positions] = wire.decode_rows(response.values, n, dim, "values", check_finite=False)
+            values[positions] = wire.decode_rows(
+                response.values, n, dim, "values", check_finite=False
+            )
             versions[positions] = wire.decode_keys(response.versions, "versions")
             if with_state:
-                state[positions] = wire.decode_rows(response.state, n, sw, "state", check_finite=False)
+                state[positions] = wire.decode_rows(
+                    response.state, n, sw, "state", check_finite=False
+                )
         return values, versions, state
 
     # ----- push / commit / write-back ----------------------------------------
@@ -296,7 +300,7 @@ class PSClient:
         base_versions: npt.ArrayLike,
         new_versions: npt.ArrayLike,
     ) -> None:
-        """Store rows updated by a worker where each stored version equals its base (else ABORTED)."""
+        """Store rows a worker updated where each stored version equals its base (else ABORTED)."""
         keys = _as_keys(keys)
         n = keys.shape[0]
         dim, state_width = self._widths_of(table)
@@ -364,9 +368,7 @@ class PSClient:
         self._widths.clear()
         return sum(r.rows for r in self._all_shards("Load", ps_pb2.LoadRequest(path=str(path))))
 
-    def export_incremental(
-        self, since_iteration: int, table: str = ""
-    ) -> dict[str, ExportedRows]:
+    def export_incremental(self, since_iteration: int, table: str = "") -> dict[str, ExportedRows]:
         """Rows changed by commits after ``since_iteration`` (-1: every row), per table."""
         request = ps_pb2.ExportIncrementalRequest(since_iteration=since_iteration, table=table)
         blocks: dict[str, list[ps_pb2.RowBlock]] = {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
 
 import numba
 import numpy as np
@@ -21,7 +20,6 @@ import numpy.typing as npt
 from heraldps.errors import InvalidArgument
 from heraldps.sharding import splitmix64
 from heraldps.v1 import types_pb2
-
 
 _TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53
 
@@ -132,7 +130,7 @@ class Normal:
         )
 
 
-Initializer = Union[Zeros, Uniform, Normal]
+Initializer = Zeros | Uniform | Normal
 
 
 def initializer_from_proto(msg: types_pb2.Initializer) -> Initializer:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -149,7 +149,7 @@ class Adam:
         )
 
 
-Optimizer = Union[SGD, AdaGrad, Adam]
+Optimizer = SGD | AdaGrad | Adam
 
 
 def optimizer_from_proto(msg: types_pb2.Optimizer) -> Optimizer:

@@ -14,7 +14,11 @@ _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 
 # glibc caps the mmap threshold at 32 MiB on 64-bit systems.
-_SETTINGS = ((_M_MMAP_THRESHOLD, 32 * 2**20), (_M_TRIM_THRESHOLD, 512 * 2**20), (_M_TOP_PAD, 64 * 2**20))
+_SETTINGS = (
+    (_M_MMAP_THRESHOLD, 32 * 2**20),
+    (_M_TRIM_THRESHOLD, 512 * 2**20),
+    (_M_TOP_PAD, 64 * 2**20),
+)
 
 
 def tune_malloc() -> bool:

@@ -12,6 +12,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def splitmix64(x: np.uint64) -> np.uint64:  # pragma: no cover - compiled
     """The SplitMix64 finaliser: a bijective 64-bit mix."""
@@ -22,7 +23,9 @@ def splitmix64(x: np.uint64) -> np.uint64:  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _jump_shards(keys: npt.NDArray[np.int64], num_shards: int) -> npt.NDArray[np.int32]:  # pragma: no cover
+def _jump_shards(
+    keys: npt.NDArray[np.int64], num_shards: int
+) -> npt.NDArray[np.int32]:  # pragma: no cover
     out = np.empty(keys.shape[0], dtype=np.int32)
     for i in range(keys.shape[0]):
         h = splitmix64(np.uint64(keys[i]))

@@ -18,36 +18,53 @@ class PSMetrics:
         self.shard = str(shard_index)
         r = self.registry
         self.requests = Counter(
-            "heraldps_ps_requests", "RPCs handled, by method and status code",
-            ["shard", "method", "code"], registry=r,
+            "heraldps_ps_requests",
+            "RPCs handled, by method and status code",
+            ["shard", "method", "code"],
+            registry=r,
         )
         self.latency = Histogram(
-            "heraldps_ps_request_seconds", "RPC handling time", ["shard", "method"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "heraldps_ps_request_seconds",
+            "RPC handling time",
+            ["shard", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.pulled = Counter(
             "heraldps_ps_pull_keys", "Keys answered by Pull", ["shard", "table"], registry=r
         )
         self.pushed = Counter(
-            "heraldps_ps_push_keys", "Gradient rows received by PushGradients",
-            ["shard", "table"], registry=r,
+            "heraldps_ps_push_keys",
+            "Gradient rows received by PushGradients",
+            ["shard", "table"],
+            registry=r,
         )
         self.written_back = Counter(
-            "heraldps_ps_write_back_keys", "Rows stored by WriteBack", ["shard", "table"], registry=r
+            "heraldps_ps_write_back_keys",
+            "Rows stored by WriteBack",
+            ["shard", "table"],
+            registry=r,
         )
         self.rows = Gauge("heraldps_ps_rows", "Rows held", ["shard", "table"], registry=r)
         self.bytes = Gauge(
-            "heraldps_ps_bytes", "Bytes held (rows, index, gradient buffers)", ["shard", "table"],
+            "heraldps_ps_bytes",
+            "Bytes held (rows, index, gradient buffers)",
+            ["shard", "table"],
             registry=r,
         )
         self.commit_seconds = Histogram(
-            "heraldps_ps_commit_seconds", "Time to apply one Commit", ["shard"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "heraldps_ps_commit_seconds",
+            "Time to apply one Commit",
+            ["shard"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.committed_iteration = Gauge(
             "heraldps_ps_committed_iteration", "Last committed iteration", ["shard"], registry=r
         )
         self.memory_limit = Gauge(
-            "heraldps_ps_memory_limit_bytes", "Configured memory limit (0: none)", ["shard"],
+            "heraldps_ps_memory_limit_bytes",
+            "Configured memory limit (0: none)",
+            ["shard"],
             registry=r,
         )

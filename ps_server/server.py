@@ -100,8 +100,12 @@ class PSServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "shard %d/%d serving on %s:%d (metrics port %s), config %s",
-            self.config.shard_index, self.config.num_shards, self.config.host, self.port,
-            self.metrics_port, asdict(self.config),
+            self.config.shard_index,
+            self.config.num_shards,
+            self.config.host,
+            self.port,
+            self.metrics_port,
+            asdict(self.config),
         )
         if self.config.port_file:
             Path(self.config.port_file).write_text(f"{self.port} {self.metrics_port or 0}\n")

@@ -150,7 +150,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     # ----- training ---------------------------------------------------------
     @_unary
-    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> ps_pb2.PullResponse:
+    def Pull(
+        self, request: ps_pb2.PullRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PullResponse:
         table = self.store.table(request.table)
         keys = wire.decode_keys(request.keys)
         width = table.dim + (table.state_width if request.with_state else 0)
@@ -219,7 +221,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     # ----- snapshots and export --------------------------------------------
     @_unary
-    def Save(self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext) -> ps_pb2.SaveResponse:
+    def Save(
+        self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.SaveResponse:
         if not request.path:
             raise InvalidArgument("save: path is empty; pass a directory to write the snapshot to")
         iteration, tables = self.store.consistent_snapshot()
@@ -236,7 +240,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         )
 
     @_unary
-    def Load(self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext) -> ps_pb2.LoadResponse:
+    def Load(
+        self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.LoadResponse:
         try:
             iteration, tables = snapshot.read_for_shard(
                 Path(request.path), self.store.shard_index, self.store.num_shards

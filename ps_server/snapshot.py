@@ -99,13 +99,17 @@ def read_for_shard(
 ) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:
     """Every row of the snapshot at ``root`` that belongs to ``shard_index`` of ``num_shards``."""
     if not root.is_dir():
-        raise InvalidArgument(f"snapshot {str(root)!r} is not a directory; pass the path given to Save")
+        raise InvalidArgument(
+            f"snapshot {str(root)!r} is not a directory; pass the path given to Save"
+        )
     metas = []
     for shard_dir in sorted(root.glob("shard-*-of-*")):
         try:
             meta = json.loads((shard_dir / "meta.json").read_text())
         except (OSError, ValueError) as exc:
-            raise InvalidArgument(f"snapshot shard {str(shard_dir)!r} is unreadable: {exc}") from None
+            raise InvalidArgument(
+                f"snapshot shard {str(shard_dir)!r} is unreadable: {exc}"
+            ) from None
         if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
             raise InvalidArgument(
                 f"{str(shard_dir)!r} is not a {FORMAT} v{FORMAT_VERSION} directory"

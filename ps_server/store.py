@@ -30,7 +30,9 @@ from ps_server.table import RowBlock, StagedTable
 class StagedStore:
     """Every table of one shard, held in host memory (HugeCTR's Staged-PS)."""
 
-    def __init__(self, shard_index: int = 0, num_shards: int = 1, memory_limit_bytes: int | None = None) -> None:
+    def __init__(
+        self, shard_index: int = 0, num_shards: int = 1, memory_limit_bytes: int | None = None
+    ) -> None:
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index must be in 0..{num_shards - 1}, got {shard_index}")
         self.shard_index = shard_index
@@ -100,7 +102,9 @@ class StagedStore:
     ) -> None:
         self.table(name).write_back(keys, values, state, base_versions, new_versions)
 
-    def export(self, since_iteration: int, name: str = "") -> Iterator[tuple[StagedTable, RowBlock]]:
+    def export(
+        self, since_iteration: int, name: str = ""
+    ) -> Iterator[tuple[StagedTable, RowBlock]]:
         """Rows changed after ``since_iteration``, table by table."""
         tables = [self.table(name)] if name else self.tables()
         for table in tables:
@@ -112,7 +116,9 @@ class StagedStore:
         with self._commit_lock:
             return self.committed_iteration, [(t.spec, t.snapshot()) for t in self.tables()]
 
-    def replace_all(self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]]) -> int:
+    def replace_all(
+        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]]
+    ) -> int:
         """Swap in the given tables (snapshot load); nothing changes if any fails to fit."""
         with self._commit_lock:
             fresh_budget = MemoryBudget(self.budget.limit_bytes)

@@ -192,7 +192,9 @@ class StagedTable:
         with self.lock:
             rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
             state = self._state[rows] if with_state else np.empty((len(rows), 0), np.float32)
-            return RowBlock(keys, self._values[rows], state, self._versions[rows], self._changed[rows])
+            return RowBlock(
+                keys, self._values[rows], state, self._versions[rows], self._changed[rows]
+            )
 
     def push(
         self, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]

@@ -18,16 +18,23 @@ def cluster() -> Iterator[ClusterFactory]:
     started: list[tuple[list[PSServer], PSClient]] = []
 
     def start(
-        num_shards: int = 2, max_message_mb: int = 64, memory_limit_gb: float | None = None,
+        num_shards: int = 2,
+        max_message_mb: int = 64,
+        memory_limit_gb: float | None = None,
         client_max_message_mb: int | None = None,
     ) -> tuple[list[PSServer], PSClient]:
         servers = []
         for index in range(num_shards):
             server = PSServer(
                 PSConfig(
-                    host="127.0.0.1", port=0, shard_index=index, num_shards=num_shards,
-                    metrics_port=0, max_message_mb=max_message_mb,
-                    memory_limit_gb=memory_limit_gb, grace_seconds=1.0,
+                    host="127.0.0.1",
+                    port=0,
+                    shard_index=index,
+                    num_shards=num_shards,
+                    metrics_port=0,
+                    max_message_mb=max_message_mb,
+                    memory_limit_gb=memory_limit_gb,
+                    grace_seconds=1.0,
                 )
             )
             server.start()

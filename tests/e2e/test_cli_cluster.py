@@ -24,10 +24,27 @@ class Shard:
         self.log = open(workdir / f"shard-{index}-of-{num_shards}.log", "w")  # noqa: SIM115
         env = {**os.environ, "HERALDPS_NUM_SHARDS": str(num_shards)}  # also proves env config
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "heraldps.cli", "ps", "--host", "127.0.0.1", "--port", "0",
-             "--shard-index", str(index), "--metrics-port", "0", "--grace-seconds", "5",
-             "--port-file", str(self.port_file)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "heraldps.cli",
+                "ps",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--shard-index",
+                str(index),
+                "--metrics-port",
+                "0",
+                "--grace-seconds",
+                "5",
+                "--port-file",
+                str(self.port_file),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         deadline = time.monotonic() + 60
         while not self.port_file.exists() or not self.port_file.read_text().strip():
@@ -67,10 +84,16 @@ def start_cluster(tmp_path: Path) -> Iterator[object]:
             shard.proc.wait()
 
 
-def test_train_save_load_onto_three_shards_and_sigterm(start_cluster: object, tmp_path: Path) -> None:
+def test_train_save_load_onto_three_shards_and_sigterm(
+    start_cluster: object, tmp_path: Path
+) -> None:
     two, ps = start_cluster(2)  # type: ignore[operator]
-    ps.create_table("emb", dim=8, optimizer=AdaGrad(lr=0.1, initial_accumulator=0.1),
-                    initializer=Normal(std=0.1, seed=11))
+    ps.create_table(
+        "emb",
+        dim=8,
+        optimizer=AdaGrad(lr=0.1, initial_accumulator=0.1),
+        initializer=Normal(std=0.1, seed=11),
+    )
     ps.create_table("item", dim=4, optimizer=Adam(lr=0.01), initializer=Normal(std=0.1, seed=12))
     rng = np.random.default_rng(0)
     for it in range(5):
@@ -106,7 +129,9 @@ def test_train_save_load_onto_three_shards_and_sigterm(start_cluster: object, tm
 def test_bad_flags_exit_with_a_message(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "heraldps.cli", "ps", "--shard-index", "3", "--num-shards", "2"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 2
     assert "--shard-index must be in 0..1" in out.stderr

@@ -78,9 +78,15 @@ def test_oversized_message_is_resource_exhausted(cluster: ClusterFactory) -> Non
         f"127.0.0.1:{servers[0].port}", options=[("grpc.max_send_message_length", 8 * 2**20)]
     ) as channel:
         stub = ps_pb2_grpc.ParameterServerStub(channel)
-        stub.CreateTable(ps_pb2.CreateTableRequest(spec=types_pb2.TableSpec(
-            name="t", dim=4, optimizer=types_pb2.Optimizer(sgd=types_pb2.SgdOptimizer(lr=0.1))
-        )))
+        stub.CreateTable(
+            ps_pb2.CreateTableRequest(
+                spec=types_pb2.TableSpec(
+                    name="t",
+                    dim=4,
+                    optimizer=types_pb2.Optimizer(sgd=types_pb2.SgdOptimizer(lr=0.1)),
+                )
+            )
+        )
         with pytest.raises(grpc.RpcError) as err:
             stub.Pull(ps_pb2.PullRequest(table="t", keys=b"\0" * (2 * 2**20)))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -139,40 +145,105 @@ def _floats(rows: int, width: int, fill: float = 1.0) -> bytes:
 
 def test_bad_input_codes_and_untouched_rows(raw: RawShard) -> None:
     push = ps_pb2.PushGradientsRequest
-    raw.expect(grpc.StatusCode.NOT_FOUND, "Pull", ps_pb2.PullRequest(table="nope", keys=_keys(1)), "nope")
+    raw.expect(
+        grpc.StatusCode.NOT_FOUND, "Pull", ps_pb2.PullRequest(table="nope", keys=_keys(1)), "nope"
+    )
     raw.expect(INVALID, "Pull", ps_pb2.PullRequest(table="emb", keys=b"\1\2\3"), "multiple of 8")
-    raw.expect(INVALID, "PushGradients",
-               push(table="emb", iteration=1, keys=_keys(1, 2), grads=_floats(2, 3)), "4 float32")
-    raw.expect(INVALID, "PushGradients",
-               push(table="emb", iteration=1, keys=_keys(1, 2), grads=_floats(2, 4, float("nan"))),
-               "NaN")
-    raw.expect(INVALID, "PushGradients",
-               push(table="emb", iteration=1, keys=_keys(1), grads=_floats(1, 4, float("inf"))), "Inf")
-    raw.expect(grpc.StatusCode.FAILED_PRECONDITION, "PushGradients",
-               push(table="emb", iteration=0, keys=_keys(1), grads=_floats(1, 4)), "already committed")
-    raw.expect(grpc.StatusCode.FAILED_PRECONDITION, "Commit", ps_pb2.CommitRequest(iteration=-1),
-               "already committed")
+    raw.expect(
+        INVALID,
+        "PushGradients",
+        push(table="emb", iteration=1, keys=_keys(1, 2), grads=_floats(2, 3)),
+        "4 float32",
+    )
+    raw.expect(
+        INVALID,
+        "PushGradients",
+        push(table="emb", iteration=1, keys=_keys(1, 2), grads=_floats(2, 4, float("nan"))),
+        "NaN",
+    )
+    raw.expect(
+        INVALID,
+        "PushGradients",
+        push(table="emb", iteration=1, keys=_keys(1), grads=_floats(1, 4, float("inf"))),
+        "Inf",
+    )
+    raw.expect(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "PushGradients",
+        push(table="emb", iteration=0, keys=_keys(1), grads=_floats(1, 4)),
+        "already committed",
+    )
+    raw.expect(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "Commit",
+        ps_pb2.CommitRequest(iteration=-1),
+        "already committed",
+    )
     wb = ps_pb2.WriteBackRequest
-    raw.expect(grpc.StatusCode.ABORTED, "WriteBack",
-               wb(table="emb", keys=_keys(1, 2), values=_floats(2, 4), state=_floats(2, 4),
-                  base_versions=_keys(1, 0), new_versions=_keys(2, 1)), "changed since")
-    raw.expect(INVALID, "WriteBack",
-               wb(table="emb", keys=_keys(1), values=_floats(1, 4, float("nan")), state=_floats(1, 4),
-                  base_versions=_keys(1), new_versions=_keys(2)), "NaN")
-    raw.expect(INVALID, "WriteBack",
-               wb(table="emb", keys=_keys(1), values=_floats(1, 4), state=_floats(1, 2),
-                  base_versions=_keys(1), new_versions=_keys(2)), "state")
-    raw.expect(INVALID, "WriteBack",
-               wb(table="emb", keys=_keys(1), values=_floats(1, 4), state=_floats(1, 4),
-                  base_versions=_keys(1, 1), new_versions=_keys(2)), "base_versions")
+    raw.expect(
+        grpc.StatusCode.ABORTED,
+        "WriteBack",
+        wb(
+            table="emb",
+            keys=_keys(1, 2),
+            values=_floats(2, 4),
+            state=_floats(2, 4),
+            base_versions=_keys(1, 0),
+            new_versions=_keys(2, 1),
+        ),
+        "changed since",
+    )
+    raw.expect(
+        INVALID,
+        "WriteBack",
+        wb(
+            table="emb",
+            keys=_keys(1),
+            values=_floats(1, 4, float("nan")),
+            state=_floats(1, 4),
+            base_versions=_keys(1),
+            new_versions=_keys(2),
+        ),
+        "NaN",
+    )
+    raw.expect(
+        INVALID,
+        "WriteBack",
+        wb(
+            table="emb",
+            keys=_keys(1),
+            values=_floats(1, 4),
+            state=_floats(1, 2),
+            base_versions=_keys(1),
+            new_versions=_keys(2),
+        ),
+        "state",
+    )
+    raw.expect(
+        INVALID,
+        "WriteBack",
+        wb(
+            table="emb",
+            keys=_keys(1),
+            values=_floats(1, 4),
+            state=_floats(1, 4),
+            base_versions=_keys(1, 1),
+            new_versions=_keys(2),
+        ),
+        "base_versions",
+    )
     bad_spec = types_pb2.TableSpec(name="x", dim=-2, optimizer=SGD().to_proto())
     raw.expect(INVALID, "CreateTable", ps_pb2.CreateTableRequest(spec=bad_spec), "dim")
     no_opt = types_pb2.TableSpec(name="x", dim=2)
     raw.expect(INVALID, "CreateTable", ps_pb2.CreateTableRequest(spec=no_opt), "optimizer")
-    raw.expect(grpc.StatusCode.ALREADY_EXISTS, "CreateTable",
-               ps_pb2.CreateTableRequest(spec=types_pb2.TableSpec(name="emb", dim=5,
-                                                                  optimizer=SGD().to_proto())),
-               "different spec")
+    raw.expect(
+        grpc.StatusCode.ALREADY_EXISTS,
+        "CreateTable",
+        ps_pb2.CreateTableRequest(
+            spec=types_pb2.TableSpec(name="emb", dim=5, optimizer=SGD().to_proto())
+        ),
+        "different spec",
+    )
     raw.expect(INVALID, "Save", ps_pb2.SaveRequest(path=""), "path")
     raw.expect(INVALID, "Load", ps_pb2.LoadRequest(path="/nonexistent/snap"), "not a directory")
 
@@ -191,15 +262,19 @@ def test_memory_cap_over_grpc(cluster: ClusterFactory) -> None:
 
 def test_concurrent_clients_equal_serial(cluster: ClusterFactory) -> None:
     rng = np.random.default_rng(3)
-    work = [(rng.integers(0, 300, 500), rng.normal(size=(500, 8)).astype(np.float32)) for _ in range(12)]
+    work = [
+        (rng.integers(0, 300, 500), rng.normal(size=(500, 8)).astype(np.float32)) for _ in range(12)
+    ]
     results = []
     for concurrent in (False, True):
-        servers, ps = cluster(2)
+        _, ps = cluster(2)
         ps.create_table("emb", dim=8, optimizer=SGD(lr=0.125), initializer=Normal(std=1, seed=3))
         clients = [PSClient(ps.addresses) for _ in work]
         if concurrent:
-            threads = [threading.Thread(target=c.push_gradients, args=("emb", k, g, 0))
-                       for c, (k, g) in zip(clients, work, strict=True)]
+            threads = [
+                threading.Thread(target=c.push_gradients, args=("emb", k, g, 0))
+                for c, (k, g) in zip(clients, work, strict=True)
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -262,7 +337,9 @@ def test_save_load_and_export(cluster: ClusterFactory, tmp_path: Path) -> None:
         ps3.push_gradients("emb", keys, np.ones((100, 4)), iteration=2)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert sorted(p.name for p in (tmp_path / "snap").iterdir()) == [
-        "shard-00000-of-00002", "shard-00001-of-00002"]
+        "shard-00000-of-00002",
+        "shard-00001-of-00002",
+    ]
 
 
 def test_health_reflection_and_metrics(cluster: ClusterFactory) -> None:
@@ -276,8 +353,11 @@ def test_health_reflection_and_metrics(cluster: ClusterFactory) -> None:
             status = health.Check(health_pb2.HealthCheckRequest(service=service)).status
             assert status == health_pb2.HealthCheckResponse.SERVING
         refl = reflection_pb2_grpc.ServerReflectionStub(channel)
-        answers = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
-            list_services="")])))
+        answers = list(
+            refl.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+        )
         names = {s.name for s in answers[0].list_services_response.service}
         assert "heraldps.v1.ParameterServer" in names
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()

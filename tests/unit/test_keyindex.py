@@ -22,7 +22,7 @@ def test_insert_and_lookup_match_a_dict(batches: list[list[int]]) -> None:
         for key, row in zip(batch, rows.tolist(), strict=True):
             assert reference.setdefault(key, len(reference)) == row
         assert len(index) == len(reference)
-    probe = np.array(list(reference) + [7_777_777_777], dtype=np.int64)
+    probe = np.array([*reference, 7_777_777_777], dtype=np.int64)
     expected = [reference.get(k, -1) for k in probe.tolist()]
     assert index.lookup(probe).tolist() == expected
 

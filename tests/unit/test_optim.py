@@ -16,7 +16,9 @@ from heraldps.optim import SGD, AdaGrad, Adam, Optimizer, optimizer_from_proto
 f32 = np.float32
 
 
-def reference_step(opt: Optimizer, value: list[float], state: list[float], grad: list[float]) -> None:
+def reference_step(
+    opt: Optimizer, value: list[float], state: list[float], grad: list[float]
+) -> None:
     """One row, one element at a time, float32 scalars in the documented order."""
     dim = len(value)
     if isinstance(opt, SGD):
@@ -102,8 +104,13 @@ def test_proto_round_trip(opt: Optimizer) -> None:
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: SGD(lr=0), lambda: SGD(lr=float("nan")), lambda: AdaGrad(eps=-1),
-     lambda: Adam(beta1=1.0), lambda: AdaGrad(initial_accumulator=-0.1)],
+    [
+        lambda: SGD(lr=0),
+        lambda: SGD(lr=float("nan")),
+        lambda: AdaGrad(eps=-1),
+        lambda: Adam(beta1=1.0),
+        lambda: AdaGrad(initial_accumulator=-0.1),
+    ],
 )
 def test_bad_hyperparameters_rejected(make: object) -> None:
     with pytest.raises(InvalidArgument):

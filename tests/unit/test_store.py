@@ -63,9 +63,13 @@ def test_pull_creates_rows_once_and_answers_duplicates() -> None:
     assert np.array_equal(again.values, block.values[::-1])
 
 
-@pytest.mark.parametrize("opt", [SGD(lr=0.1), AdaGrad(lr=0.1, initial_accumulator=0.1), Adam(lr=0.01)])
+@pytest.mark.parametrize(
+    "opt", [SGD(lr=0.1), AdaGrad(lr=0.1, initial_accumulator=0.1), Adam(lr=0.01)]
+)
 @settings(max_examples=25, deadline=None)
-@given(pushes=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=20), min_size=1, max_size=5))
+@given(
+    pushes=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=20), min_size=1, max_size=5)
+)
 def test_commit_applies_summed_gradient_once_per_key(
     opt: SGD | AdaGrad | Adam, pushes: list[list[int]]
 ) -> None:
@@ -123,7 +127,9 @@ def test_commit_applies_each_pending_iteration_in_order() -> None:
 
 def test_immediate_mode_applies_on_arrival() -> None:
     store = StagedStore()
-    store.create_table(TableSpec("async", DIM, optimizer=SGD(lr=0.5), update_mode=UpdateMode.IMMEDIATE))
+    store.create_table(
+        TableSpec("async", DIM, optimizer=SGD(lr=0.5), update_mode=UpdateMode.IMMEDIATE)
+    )
     k = np.array([1, 1, 2], dtype=np.int64)
     assert store.push("async", 0, k, np.ones((3, DIM), np.float32)) is True
     b = store.pull("async", np.array([1, 2]), False)
@@ -187,7 +193,8 @@ def test_memory_limit_rejects_without_changing_anything() -> None:
 def test_concurrent_pushes_equal_serial() -> None:
     rng = np.random.default_rng(5)
     batches = [
-        (rng.integers(0, 50, 200), rng.normal(size=(200, DIM)).astype(np.float32)) for _ in range(16)
+        (rng.integers(0, 50, 200), rng.normal(size=(200, DIM)).astype(np.float32))
+        for _ in range(16)
     ]
     serial, parallel = make_store(SGD(lr=0.25)), make_store(SGD(lr=0.25))
     for k, g in batches:
