@@ -135,3 +135,20 @@ def test_bad_flags_exit_with_a_message(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "--shard-index must be in 0..1" in out.stderr
+
+
+def test_quickstart_example_runs(start_cluster: object) -> None:
+    shards, ps = start_cluster(2)  # type: ignore[operator]
+    ps.close()
+    example = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+    out = subprocess.run(
+        [sys.executable, str(example), *(f"127.0.0.1:{s.port}" for s in shards)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "key 3 moved by -0.2" in out.stdout
+    assert "table ids: dim 8, 5000 rows" in out.stdout
+    for shard in shards:
+        assert shard.terminate() == 0
