@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import urllib.request
@@ -18,6 +19,7 @@ from heraldps.client import PSClient
 from heraldps.init import Normal, Uniform
 from heraldps.optim import SGD, AdaGrad, Adam
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
+from ps_server.server import PSConfig, PSServer
 from tests.conftest import ClusterFactory
 
 
@@ -398,3 +400,28 @@ def test_graceful_stop_reports_not_serving_and_finishes_in_flight(cluster: Clust
         ps.pull("emb", np.arange(3))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     channel.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_idempotent_calls_retry_until_the_shard_is_up() -> None:
+    port = _free_port()
+    client = PSClient([f"127.0.0.1:{port}"], retries=10, backoff_seconds=0.05)
+    with pytest.raises(grpc.RpcError) as err:  # never retried: could apply a gradient twice
+        client._call(0, "PushGradients", ps_pb2.PushGradientsRequest(table="emb"), False)()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    server = PSServer(PSConfig(host="127.0.0.1", port=port, grace_seconds=0))
+    starter = threading.Timer(0.5, server.start)
+    starter.start()
+    try:
+        client.create_table("emb", dim=4, optimizer=SGD(lr=1.0))  # retried while the port is closed
+        values, _ = client.pull("emb", [1, 2])
+        assert values.shape == (2, 4)
+    finally:
+        starter.join()
+        client.close()
+        server.stop(grace=0)
