@@ -693,7 +693,7 @@ def markdown(results: Results) -> str:
         if row.note:
             baseline = row.note
         passed = "-" if row.passed is None else ("yes" if row.passed else "**no**")
-        ratio = "-" if row.ratio is None else f"{row.ratio:.2f}"
+        ratio = "-" if row.ratio is None else f"{row.ratio:.3g}"
         lines.append(
             f"| {row.metric} | {fmt(row.ours)} | {baseline} | {ratio} | {row.target or '-'} "
             f"| {passed} |"
@@ -706,6 +706,9 @@ def markdown(results: Results) -> str:
         f"redis-py {m['redis_py']}, {m['redis_server'] or 'no redis-server'}.",
         f"Settings: {results.settings}",
     ]
+    redis = results.measurements.get("redis", {})
+    if redis and not redis.get("skipped"):
+        lines.append(f"Redis: each value is the {redis['value_layout']}; {redis['parser']}.")
     return "\n".join(lines)
 
 
@@ -725,7 +728,7 @@ def write_json(results: Results, path: Path) -> None:
 def settings_from(args: argparse.Namespace) -> Settings:
     if args.quick:
         return Settings(args.rounds or 3, 0.3, 2, MEMORY_ROWS)
-    return Settings(args.rounds or 7, 1.5, 3, MEMORY_ROWS)
+    return Settings(args.rounds or 10, 1.5, 3, MEMORY_ROWS)
 
 
 def run(settings: Settings, output: Path) -> Results:
