@@ -113,6 +113,16 @@ class PSClient:
         ]
         self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
+        # Pull answers arrive as raw bytes and are decoded straight into NumPy
+        # (wire.decode_message): two fewer copies of the bulk payload.
+        self._raw_pulls = [
+            c.unary_unary(
+                "/heraldps.v1.ParameterServer/Pull",
+                request_serializer=ps_pb2.PullRequest.SerializeToString,
+                response_deserializer=None,
+            )
+            for c in self._channels
+        ]
         self._widths: dict[str, tuple[int, int]] = {}
         self._executor: ThreadPoolExecutor | None = None
 
@@ -143,7 +153,7 @@ class PSClient:
     # ----- transport --------------------------------------------------------
     def _call(self, shard: int, method: str, request: Any, idempotent: bool) -> Callable[[], Any]:
         """Start one RPC now; the returned function waits for it (retrying if allowed)."""
-        rpc = getattr(self._stubs[shard], method)
+        rpc = self._raw_pulls[shard] if method == "Pull" else getattr(self._stubs[shard], method)
         future = rpc.future(request, timeout=self.timeout)
 
         def result() -> Any:
@@ -175,10 +185,18 @@ class PSClient:
 
     def _chunks(
         self, keys: npt.NDArray[np.int64], row_bytes: int
-    ) -> Iterator[tuple[int, npt.NDArray[np.intp]]]:
-        """(shard, positions in ``keys``) of each request, each under the message limit."""
-        order, slices = split_by_shard(keys, self.num_shards)
+    ) -> Iterator[tuple[int, npt.NDArray[np.intp] | slice]]:
+        """(shard, index into ``keys``) of each request, each under the message limit.
+
+        With one shard the index is a slice, so requests and results are plain
+        contiguous copies instead of gathers and scatters.
+        """
         per_request = max(1, int(self.max_message_bytes * _MESSAGE_FILL) // max(row_bytes, 1))
+        if self.num_shards == 1:
+            for start in range(0, keys.shape[0], per_request):
+                yield 0, slice(start, min(start + per_request, keys.shape[0]))
+            return
+        order, slices = split_by_shard(keys, self.num_shards)
         for shard, part in enumerate(slices):
             positions = order[part]
             for start in range(0, positions.shape[0], per_request):
@@ -243,21 +261,24 @@ class PSClient:
         versions = np.empty(keys.shape[0], dtype=np.int64)
         state = np.empty((keys.shape[0], sw), dtype=np.float32)
         pending = []
-        for shard, positions in self._chunks(keys, 8 + 4 * (dim + sw)):
+        for shard, index in self._chunks(keys, 8 + 4 * (dim + sw)):
             request = ps_pb2.PullRequest(
-                table=table, keys=wire.encode_keys(keys[positions]), with_state=with_state
+                table=table, keys=wire.encode_keys(keys[index]), with_state=with_state
             )
-            pending.append((positions, self._call(shard, "Pull", request, idempotent=True)))
-        for positions, wait in pending:
-            response = wait()
-            n = positions.shape[0]
-            values[positions] = wire.decode_rows(
-                response.values, n, dim, "values", check_finite=False
+            pending.append((index, self._call(shard, "Pull", request, idempotent=True)))
+        fields = ps_pb2.PullResponse.DESCRIPTOR.fields_by_name
+        values_field, versions_field = fields["values"].number, fields["versions"].number
+        state_field = fields["state"].number
+        for index, wait in pending:
+            response = wire.decode_message(wait())
+            n = _count(index, keys.shape[0])
+            values[index] = wire.decode_rows(
+                wire.len_field(response, values_field), n, dim, "values", check_finite=False
             )
-            versions[positions] = wire.decode_keys(response.versions, "versions")
+            versions[index] = wire.decode_keys(wire.len_field(response, versions_field), "versions")
             if with_state:
-                state[positions] = wire.decode_rows(
-                    response.state, n, sw, "state", check_finite=False
+                state[index] = wire.decode_rows(
+                    wire.len_field(response, state_field), n, sw, "state", check_finite=False
                 )
         return values, versions, state
 
@@ -270,12 +291,12 @@ class PSClient:
         dim, _ = self._widths_of(table)
         grads = _as_rows(grads, keys.shape[0], dim, "grads")
         waits = []
-        for shard, positions in self._chunks(keys, 8 + 4 * dim):
+        for shard, index in self._chunks(keys, 8 + 4 * dim):
             request = ps_pb2.PushGradientsRequest(
                 table=table,
                 iteration=iteration,
-                keys=wire.encode_keys(keys[positions]),
-                grads=wire.encode_floats(grads[positions]),
+                keys=wire.encode_keys(keys[index]),
+                grads=wire.encode_floats(grads[index]),
             )
             waits.append(self._call(shard, "PushGradients", request, idempotent=False))
         for wait in waits:
@@ -311,14 +332,14 @@ class PSClient:
         base = _as_keys(base_versions)
         new = _as_keys(new_versions)
         waits = []
-        for shard, positions in self._chunks(keys, 24 + 4 * (dim + state_width)):
+        for shard, index in self._chunks(keys, 24 + 4 * (dim + state_width)):
             request = ps_pb2.WriteBackRequest(
                 table=table,
-                keys=wire.encode_keys(keys[positions]),
-                values=wire.encode_floats(values[positions]),
-                state=wire.encode_floats(state[positions]),
-                base_versions=wire.encode_keys(base[positions]),
-                new_versions=wire.encode_keys(new[positions]),
+                keys=wire.encode_keys(keys[index]),
+                values=wire.encode_floats(values[index]),
+                state=wire.encode_floats(state[index]),
+                base_versions=wire.encode_keys(base[index]),
+                new_versions=wire.encode_keys(new[index]),
             )
             waits.append(self._call(shard, "WriteBack", request, idempotent=False))
         for wait in waits:
@@ -390,6 +411,12 @@ class PSClient:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="psclient")
         return self._executor
+
+
+def _count(index: npt.NDArray[np.intp] | slice, total: int) -> int:
+    if isinstance(index, slice):
+        return len(range(*index.indices(total)))
+    return int(index.shape[0])
 
 
 def _as_keys(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:

@@ -11,11 +11,13 @@ from pathlib import Path
 from types import FrameType
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from heraldps.v1 import ps_pb2, ps_pb2_grpc
+from heraldps.v1 import ps_pb2
 from ps_server.metrics import PSMetrics
 from ps_server.servicer import ParameterServerServicer
 from ps_server.store import StagedStore
@@ -54,6 +56,33 @@ class PSConfig:
         return self.max_message_mb * 2**20
 
 
+def _serialize(message: Message | bytes) -> bytes:
+    """Responses a handler already serialized (Pull) pass through untouched."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_servicer(servicer: ParameterServerServicer, server: grpc.Server) -> None:
+    """Register every ParameterServer method, like the generated helper, but let a
+    handler return pre-serialized bytes (the bulk Pull response)."""
+    service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+    handlers = {}
+    for method in service.methods:
+        request_class = message_factory.GetMessageClass(method.input_type)
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=request_class.FromString,
+            response_serializer=_serialize,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+
+
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     """gRPC options shared by servers and clients (message limits raised from 4 MiB)."""
     return [
@@ -78,7 +107,7 @@ class PSServer:
             futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc"),
             options=channel_options(config.max_message_bytes),
         )
-        ps_pb2_grpc.add_ParameterServerServicer_to_server(self.servicer, self._server)
+        add_servicer(self.servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
@@ -108,7 +137,11 @@ class PSServer:
             asdict(self.config),
         )
         if self.config.port_file:
-            Path(self.config.port_file).write_text(f"{self.port} {self.metrics_port or 0}\n")
+            # Write then rename, so a watcher never reads a partial file.
+            target = Path(self.config.port_file)
+            partial = target.with_name(f".{target.name}.partial")
+            partial.write_text(f"{self.port} {self.metrics_port or 0}\n")
+            partial.replace(target)
 
     def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace``."""

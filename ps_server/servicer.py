@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
+import numpy.typing as npt
 
 from heraldps import wire
 from heraldps.errors import (
@@ -84,6 +86,10 @@ def _unary(method: Handler) -> Handler:
     return wrapper  # type: ignore[return-value]
 
 
+def _little_endian(array: npt.NDArray[Any], dtype: type[np.generic]) -> npt.NDArray[Any]:
+    return np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<"))
+
+
 def _os_error(exc: OSError, what: str) -> HeraldError:
     if exc.errno == errno.ENOSPC:
         return ResourceExhausted(f"{what}: disk full ({exc}); free space or pick another path")
@@ -150,9 +156,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     # ----- training ---------------------------------------------------------
     @_unary
-    def Pull(
+    def Pull(  # type: ignore[override]
         self, request: ps_pb2.PullRequest, context: grpc.ServicerContext
-    ) -> ps_pb2.PullResponse:
+    ) -> bytes:
+        """Answer with an already serialized PullResponse (see ``wire.encode_message``)."""
         table = self.store.table(request.table)
         keys = wire.decode_keys(request.keys)
         width = table.dim + (table.state_width if request.with_state else 0)
@@ -160,12 +167,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         block = table.pull(keys, request.with_state)
         self.metrics.pulled.labels(self.metrics.shard, table.name).inc(keys.shape[0])
         self._observe_size(table)
-        return ps_pb2.PullResponse(
-            values=wire.encode_floats(block.values),
-            versions=wire.encode_keys(block.versions),
-            state=wire.encode_floats(block.state) if request.with_state else b"",
-            dim=table.dim,
-            state_width=table.state_width,
+        fields = ps_pb2.PullResponse.DESCRIPTOR.fields_by_name
+        return wire.encode_message(
+            [
+                (fields["values"].number, _little_endian(block.values, np.float32)),
+                (fields["versions"].number, _little_endian(block.versions, np.int64)),
+                (fields["state"].number, _little_endian(block.state, np.float32)),
+                (fields["dim"].number, table.dim),
+                (fields["state_width"].number, table.state_width),
+            ]
         )
 
     @_unary

@@ -23,7 +23,8 @@ import numpy.typing as npt
 from heraldps.errors import InvalidArgument, StaleIteration, VersionConflict
 from heraldps.keyindex import KeyIndex
 from heraldps.spec import TableSpec, UpdateMode
-from ps_server.kernels import scatter_add_rows
+from ps_server import hostmem
+from ps_server.kernels import gather_rows, scatter_add_rows
 from ps_server.memory import MemoryBudget
 
 NEVER_CHANGED = -1
@@ -80,10 +81,10 @@ class GradBuffer:
 def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
     """A copy of ``array`` with ``capacity`` rows; rows past the old length are zero.
 
-    ``np.zeros`` of a large block is a fresh mapping whose untouched pages cost
-    no resident memory, so doubling capacity does not double RSS.
+    Large blocks are fresh anonymous mappings whose untouched pages cost no
+    resident memory, so doubling capacity does not double RSS.
     """
-    out = np.zeros((capacity, *array.shape[1:]), dtype=array.dtype)
+    out = hostmem.zeros((capacity, *array.shape[1:]), dtype=array.dtype)
     out[: array.shape[0]] = array
     return out
 
@@ -191,10 +192,12 @@ class StagedTable:
         """Rows of ``keys`` in request order, creating unseen keys."""
         with self.lock:
             rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
-            state = self._state[rows] if with_state else np.empty((len(rows), 0), np.float32)
-            return RowBlock(
-                keys, self._values[rows], state, self._versions[rows], self._changed[rows]
-            )
+            values = gather_rows(self._values, rows)
+            if with_state:
+                state = gather_rows(self._state, rows)
+            else:
+                state = np.empty((rows.shape[0], 0), dtype=np.float32)
+            return RowBlock(keys, values, state, self._versions[rows], self._changed[rows])
 
     def push(
         self, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
