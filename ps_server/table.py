@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument, StaleIteration, VersionConflict
-from heraldps.keyindex import KeyIndex
+from heraldps.keyindex import KeyIndex, distinct
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server import hostmem
 from ps_server.kernels import gather_rows, scatter_add_rows
@@ -148,7 +148,7 @@ class StagedTable:
     # ----- row creation -----------------------------------------------------
     def _count_missing(self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> int:
         missing = keys[rows < 0]
-        return int(np.unique(missing).shape[0]) if missing.shape[0] else 0
+        return int(distinct(missing)[0].shape[0]) if missing.shape[0] else 0
 
     def _ensure_rows(
         self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
@@ -206,9 +206,9 @@ class StagedTable:
         what = f"push of {keys.shape[0]} gradients to {self.name!r}"
         with self.lock:
             if self.spec.update_mode is UpdateMode.IMMEDIATE:
-                unique, inverse = np.unique(keys, return_inverse=True)
+                unique, inverse = distinct(keys)
                 summed = np.zeros((unique.shape[0], self.dim), dtype=np.float32)
-                scatter_add_rows(summed, inverse.astype(np.int64), grads)
+                scatter_add_rows(summed, inverse, grads)
                 rows = self._lookup_or_create(unique, what)
                 self._apply(rows, summed, self.committed_iteration + 1)
                 return True
@@ -219,7 +219,7 @@ class StagedTable:
                 )
             buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
             new_in_buffer = keys[buffer.index.lookup(keys) < 0]
-            new_in_buffer = np.unique(new_in_buffer) if new_in_buffer.shape[0] else new_in_buffer
+            new_in_buffer = distinct(new_in_buffer)[0]
             new_rows = int((self._index.lookup(new_in_buffer) < 0).sum())
             growth = buffer.bytes_after(new_in_buffer.shape[0]) - buffer.nbytes
             self._account(self._charged + growth + new_rows * self.row_bytes, what)
@@ -263,7 +263,7 @@ class StagedTable:
         new_versions: npt.NDArray[np.int64],
     ) -> None:
         """Store rows a worker updated, only if every stored version equals its base."""
-        if np.unique(keys).shape[0] != keys.shape[0]:
+        if distinct(keys)[0].shape[0] != keys.shape[0]:
             raise InvalidArgument("write_back: keys must be distinct (one row per key)")
         behind = new_versions < base_versions
         if behind.any():

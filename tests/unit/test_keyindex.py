@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heraldps.keyindex import KeyIndex
+from heraldps.keyindex import KeyIndex, distinct
 
 int64s = st.integers(-(2**63), 2**63 - 1)
 
@@ -34,3 +34,11 @@ def test_growth_keeps_rows() -> None:
     assert rows.tolist() == list(range(200_000))
     assert np.array_equal(index.lookup(keys[::-1]), rows[::-1])
     assert index.nbytes == KeyIndex.bytes_for(200_000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.one_of(int64s, st.integers(-3, 3)), max_size=200))
+def test_distinct_matches_first_occurrence(keys: list[int]) -> None:
+    unique, inverse = distinct(np.array(keys, dtype=np.int64))
+    assert unique.tolist() == list(dict.fromkeys(keys))
+    assert unique[inverse].tolist() == keys
