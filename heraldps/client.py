@@ -124,6 +124,7 @@ class PSClient:
             for c in self._channels
         ]
         self._widths: dict[str, tuple[int, int]] = {}
+        self._shard_limit: int | None = None
         self._executor: ThreadPoolExecutor | None = None
 
     @property
@@ -177,6 +178,13 @@ class PSClient:
         waits = [self._call(s, method, request, idempotent) for s in range(self.num_shards)]
         return [wait() for wait in waits]
 
+    def _message_limit(self) -> int:
+        """The smallest message limit of this client and every shard (asked once)."""
+        if self._shard_limit is None:
+            infos = self._all_shards("GetShardInfo", ps_pb2.GetShardInfoRequest())
+            self._shard_limit = min(i.max_message_bytes or self.max_message_bytes for i in infos)
+        return min(self.max_message_bytes, self._shard_limit)
+
     def _widths_of(self, table: str) -> tuple[int, int]:
         if table not in self._widths:
             info = self._call(0, "DescribeTable", ps_pb2.DescribeTableRequest(table=table), True)()
@@ -191,7 +199,7 @@ class PSClient:
         With one shard the index is a slice, so requests and results are plain
         contiguous copies instead of gathers and scatters.
         """
-        per_request = max(1, int(self.max_message_bytes * _MESSAGE_FILL) // max(row_bytes, 1))
+        per_request = max(1, int(self._message_limit() * _MESSAGE_FILL) // max(row_bytes, 1))
         if self.num_shards == 1:
             for start in range(0, keys.shape[0], per_request):
                 yield 0, slice(start, min(start + per_request, keys.shape[0]))

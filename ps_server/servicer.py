@@ -274,12 +274,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         started = time.perf_counter()
         code = grpc.StatusCode.OK
         try:
-            block_rows = request.block_rows or DEFAULT_EXPORT_BLOCK_ROWS
-            if block_rows < 0:
-                raise InvalidArgument(f"export: block_rows must be >= 0, got {block_rows}")
+            if request.block_rows < 0:
+                raise InvalidArgument(f"export: block_rows must be >= 0, got {request.block_rows}")
             for table, block in self.store.export(request.since_iteration, request.table):
-                width = table.dim + table.state_width + 2
-                self._check_response_size(min(block_rows, len(block)), width, "export block")
+                # Blocks shrink to fit the message limit for wide rows.
+                row_bytes = 4 * (table.dim + table.state_width) + 24
+                fitting = max(1, int(self.max_message_bytes * 0.9) // row_bytes)
+                block_rows = min(request.block_rows or DEFAULT_EXPORT_BLOCK_ROWS, fitting)
                 for start in range(0, len(block), block_rows):
                     part = slice(start, start + block_rows)
                     yield ps_pb2.RowBlock(

@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +40,7 @@ from ps_server.table import RowBlock
 FORMAT = "heraldps-snapshot"
 FORMAT_VERSION = 1
 _ARRAYS = ("keys", "values", "state", "versions", "changed")
+_PUBLISH_LOCK = threading.Lock()
 
 
 def shard_dir_name(shard_index: int, num_shards: int) -> str:
@@ -54,9 +57,7 @@ def write_shard(
     """Write one shard's tables under ``root``; return the shard directory."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / shard_dir_name(shard_index, num_shards)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -73,12 +74,13 @@ def write_shard(
         )
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     _fsync_dir(tmp)
-    old = root / f".{final.name}.old-{os.getpid()}"
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(root)
+    with _PUBLISH_LOCK:  # two saves to one path in this process publish one at a time
+        old = root / f".{final.name}.old-{os.getpid()}"
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(root)
     return final
 
 

@@ -60,8 +60,11 @@ def test_create_table_is_idempotent(cluster: ClusterFactory) -> None:
 
 
 def test_large_requests_are_chunked(cluster: ClusterFactory) -> None:
-    """A 1 MiB message limit on both sides; 40k keys x 32 floats is ~5 MiB per direction."""
-    _, ps = cluster(2, max_message_mb=1)
+    """Shards accept 1 MiB; 40k keys x 32 floats is ~5 MiB per direction.
+
+    The client is configured for 64 MiB and learns the shards' smaller limit.
+    """
+    _, ps = cluster(2, max_message_mb=1, client_max_message_mb=64)
     ps.create_table("big", dim=32, optimizer=SGD(lr=1.0), initializer=Normal(std=1, seed=2))
     keys = np.random.default_rng(1).permutation(40_000).astype(np.int64)
     values, _ = ps.pull("big", keys)
@@ -72,6 +75,10 @@ def test_large_requests_are_chunked(cluster: ClusterFactory) -> None:
     after, versions = ps.pull("big", keys)
     np.testing.assert_allclose(after, values - 1, atol=1e-5)
     assert np.all(versions == 1)
+    exported = ps.export_incremental(-1)["big"]  # streamed in blocks that fit 1 MiB
+    order = np.argsort(exported.keys)
+    assert np.array_equal(exported.keys[order], np.arange(40_000))
+    assert np.array_equal(exported.values[order], after[np.argsort(keys)])
 
 
 def test_oversized_message_is_resource_exhausted(cluster: ClusterFactory) -> None:
