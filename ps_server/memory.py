@@ -43,7 +43,3 @@ class MemoryBudget:
     def release(self, nbytes: int) -> None:
         with self._lock:
             self._used = max(0, self._used - nbytes)
-
-    def reset(self, used: int) -> None:
-        with self._lock:
-            self._used = used

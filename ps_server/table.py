@@ -136,11 +136,6 @@ class StagedTable:
         self._budget.charge(total - self._charged, what)
         self._charged = total
 
-    def release(self) -> None:
-        """Give every charged byte back (the table is being dropped)."""
-        self._budget.release(self._charged)
-        self._charged = 0
-
     def _bytes_with_new_rows(self, new_rows: int) -> int:
         grown_index = KeyIndex.bytes_for(self.rows + new_rows) - self._index.nbytes
         return self._charged + new_rows * self.row_bytes + max(0, grown_index)
@@ -223,6 +218,8 @@ class StagedTable:
             new_rows = int((self._index.lookup(new_in_buffer) < 0).sum())
             growth = buffer.bytes_after(new_in_buffer.shape[0]) - buffer.nbytes
             self._account(self._charged + growth + new_rows * self.row_bytes, what)
+            # Conservative: a key new to the table in two pending iterations is
+            # reserved twice until the buffers are committed.
             self._pending_row_reserve += new_rows
             buffer.add(keys, grads)
             self._buffers[iteration] = buffer
@@ -246,8 +243,8 @@ class StagedTable:
             return updated
 
     def _apply(self, rows: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], it: int) -> None:
-        values = self._values[rows]
-        state = self._state[rows]
+        values = gather_rows(self._values, rows)
+        state = gather_rows(self._state, rows)
         self.spec.optimizer.apply(values, state, grads)
         self._values[rows] = values
         self._state[rows] = state

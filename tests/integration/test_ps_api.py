@@ -432,3 +432,15 @@ def test_idempotent_calls_retry_until_the_shard_is_up() -> None:
         starter.join()
         client.close()
         server.stop(grace=0)
+
+
+def test_async_variants(cluster: ClusterFactory) -> None:
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=1.0))
+    keys = np.arange(50)
+    before, _ = ps.pull_async("emb", keys).result(timeout=30)
+    ps.push_gradients_async("emb", keys, np.ones((50, 4)), iteration=0).result(timeout=30)
+    ps.commit(0)
+    after, versions = ps.pull_async("emb", keys).result(timeout=30)
+    np.testing.assert_allclose(after, before - 1)
+    assert np.all(versions == 1)
