@@ -23,6 +23,18 @@ from heraldps.sharding import splitmix64
 _MIN_CAPACITY = 1024
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _probe(
+    slot_keys: npt.NDArray[np.int64], slot_rows: npt.NDArray[np.int32], key: np.int64
+) -> np.uint64:  # pragma: no cover - compiled
+    """The slot holding ``key``, or the empty slot where it would go."""
+    mask = np.uint64(slot_keys.shape[0] - 1)
+    s = splitmix64(np.uint64(key)) & mask
+    while slot_rows[s] >= 0 and slot_keys[s] != key:
+        s = (s + np.uint64(1)) & mask
+    return s
+
+
 @numba.njit(cache=True, nogil=True)
 def _lookup(
     slot_keys: npt.NDArray[np.int64],
@@ -30,19 +42,8 @@ def _lookup(
     keys: npt.NDArray[np.int64],
     out: npt.NDArray[np.int64],
 ) -> None:  # pragma: no cover - compiled
-    mask = np.uint64(slot_keys.shape[0] - 1)
     for i in range(keys.shape[0]):
-        k = keys[i]
-        s = splitmix64(np.uint64(k)) & mask
-        while True:
-            r = slot_rows[s]
-            if r < 0:
-                out[i] = -1
-                break
-            if slot_keys[s] == k:
-                out[i] = r
-                break
-            s = (s + np.uint64(1)) & mask
+        out[i] = slot_rows[_probe(slot_keys, slot_rows, keys[i])]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -53,22 +54,13 @@ def _insert(
     next_row: int,
     out: npt.NDArray[np.int64],
 ) -> int:  # pragma: no cover - compiled
-    mask = np.uint64(slot_keys.shape[0] - 1)
     for i in range(keys.shape[0]):
-        k = keys[i]
-        s = splitmix64(np.uint64(k)) & mask
-        while True:
-            r = slot_rows[s]
-            if r < 0:
-                slot_keys[s] = k
-                slot_rows[s] = next_row
-                out[i] = next_row
-                next_row += 1
-                break
-            if slot_keys[s] == k:
-                out[i] = r
-                break
-            s = (s + np.uint64(1)) & mask
+        s = _probe(slot_keys, slot_rows, keys[i])
+        if slot_rows[s] < 0:
+            slot_keys[s] = keys[i]
+            slot_rows[s] = next_row
+            next_row += 1
+        out[i] = slot_rows[s]
     return next_row
 
 
