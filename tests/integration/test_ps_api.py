@@ -444,3 +444,17 @@ def test_async_variants(cluster: ClusterFactory) -> None:
     after, versions = ps.pull_async("emb", keys).result(timeout=30)
     np.testing.assert_allclose(after, before - 1)
     assert np.all(versions == 1)
+
+
+def test_generated_stub_reads_the_hand_encoded_pull(cluster: ClusterFactory) -> None:
+    """Clients in any language parse Pull with their generated classes."""
+    servers, ps = cluster(1)
+    ps.create_table("emb", dim=3, optimizer=AdaGrad(), initializer=Normal(std=1, seed=4))
+    keys = np.array([5, 6, 5])
+    values, versions, state = ps.pull_with_state("emb", keys)
+    with grpc.insecure_channel(f"127.0.0.1:{servers[0].port}") as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        answer = stub.Pull(ps_pb2.PullRequest(table="emb", keys=_keys(5, 6, 5), with_state=True))
+    assert answer.dim == 3 and answer.state_width == 3
+    assert answer.values == values.tobytes() and answer.state == state.tobytes()
+    assert answer.versions == versions.tobytes()
