@@ -115,7 +115,7 @@ class PSClient:
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         # Pull answers arrive as raw bytes and are decoded straight into NumPy
         # (wire.decode_message): two fewer copies of the bulk payload.
-        self._raw_pulls = [
+        self._raw_pulls: list[grpc.UnaryUnaryMultiCallable[ps_pb2.PullRequest, bytes]] = [
             c.unary_unary(
                 "/heraldps.v1.ParameterServer/Pull",
                 request_serializer=ps_pb2.PullRequest.SerializeToString,
