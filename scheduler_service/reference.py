@@ -1,0 +1,176 @@
+"""A plain, slow reference of the scheduler: Herald's Algorithm 1 and on-demand sync.
+
+Written to be read next to the paper (Herald, sections 3.1-3.2) and the
+counting model in the README; the fast scheduler (``scheduler.py``) must
+produce identical assignments and plans. Caches are ``OrderedDict`` LRUs of
+``key -> CachedRow`` with explicit versions; a copy is *valid* when its
+version is the latest version of the key anywhere.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from heraldps.errors import InvalidArgument
+from scheduler_service.batch import Batch
+from scheduler_service.plan import CommPlan, TrafficCounts
+
+
+@dataclass
+class CachedRow:
+    version: int
+    dirty: bool
+
+
+class ReferenceScheduler:
+    """``partition``: "sequential" | "location_aware"; ``sync``: "naive" | "on_demand"."""
+
+    def __init__(self, num_workers: int, capacity: int, partition: str, sync: str) -> None:
+        self.num_workers = num_workers
+        self.capacity = capacity
+        self.partition = partition
+        self.sync = sync
+        self.caches: list[OrderedDict[int, CachedRow]] = [OrderedDict() for _ in range(num_workers)]
+        self.latest: dict[int, int] = {}  # newest version of a key anywhere
+        self.ps_version: dict[int, int] = {}  # version the PS holds
+        self.pending: list[CommPlan] = []  # plans of the previous iteration (write-backs open)
+        self.counts = TrafficCounts()
+
+    def valid(self, worker: int, key: int) -> bool:
+        row = self.caches[worker].get(key)
+        return row is not None and row.version == self.latest.get(key, 0)
+
+    # ----- Algorithm 1 -----------------------------------------------------
+    def assign(self, batch: Batch) -> list[int]:
+        n, m = self.num_workers, batch.samples_per_worker
+        if self.partition == "sequential":
+            return [i // m for i in range(batch.samples)]
+        room = [m] * n
+        assignment = []
+        for i in range(batch.samples):
+            keys = set(batch.sample_keys(i).tolist())
+            best, best_score = -1, -1
+            for w in range(n):
+                if room[w] == 0:
+                    continue
+                score = sum(1 for k in keys if self.valid(w, k))
+                if score > best_score:
+                    best, best_score = w, score
+            assignment.append(best)
+            room[best] -= 1
+        return assignment
+
+    # ----- one batch -------------------------------------------------------
+    def submit(self, batch: Batch) -> list[CommPlan]:
+        """Plan ``batch``; return the now final plans of the previous batch."""
+        n = self.num_workers
+        assignment = self.assign(batch)
+        plans = [CommPlan(batch.iteration, w) for w in range(n)]
+        worker_keys: list[list[int]] = [[] for _ in range(n)]
+        for w in range(n):
+            samples = [i for i in range(batch.samples) if assignment[i] == w]
+            plans[w].samples = np.array(samples, dtype=np.int64)
+            seen: dict[int, None] = {}
+            for i in samples:
+                for k in batch.sample_keys(i).tolist():
+                    seen.setdefault(k)
+            worker_keys[w] = list(seen)
+            if len(seen) > self.capacity:
+                raise InvalidArgument(
+                    f"worker {w}'s mini-batch of iteration {batch.iteration} needs {len(seen)} "
+                    f"rows, more than its cache of {self.capacity}"
+                )
+        trainers: dict[int, list[int]] = {}
+        for w in range(n):
+            for k in worker_keys[w]:
+                trainers.setdefault(k, []).append(w)
+
+        # Lookahead write-backs of the previous iteration: a dirty row another
+        # worker needs now goes back to the PS before this iteration starts.
+        previous = {plan.worker: [] for plan in self.pending}  # type: dict[int, list[int]]
+        for w in range(n):
+            for k, row in self.caches[w].items():
+                if row.dirty and any(t != w for t in trainers.get(k, [])):
+                    self._write_back(w, k, previous)
+
+        # Cache operations: touches, pulls and LRU evictions in first-occurrence order.
+        evict: list[list[int]] = [[] for _ in range(n)]
+        pull: list[list[int]] = [[] for _ in range(n)]
+        for w in range(n):
+            cache = self.caches[w]
+            for k in worker_keys[w]:
+                if k in cache:
+                    if not self.valid(w, k):
+                        assert self.ps_version.get(k, 0) == self.latest.get(k, 0), "lost update"
+                        cache[k] = CachedRow(self.latest.get(k, 0), False)
+                        pull[w].append(k)
+                    else:
+                        self.counts.hits += 1
+                    cache.move_to_end(k)
+                    continue
+                if len(cache) == self.capacity:
+                    victim, row = next(iter(cache.items()))
+                    if row.dirty:  # evicting a dirty row: written back at the end of t-1
+                        self._write_back(w, victim, previous)
+                    del cache[victim]
+                    evict[w].append(victim)
+                assert self.ps_version.get(k, 0) == self.latest.get(k, 0), "lost update"
+                cache[k] = CachedRow(self.latest.get(k, 0), False)
+                pull[w].append(k)
+
+        # Training: every key of a worker's mini-batch is updated by it.
+        update_local: list[list[int]] = [[] for _ in range(n)]
+        push_grads: list[list[int]] = [[] for _ in range(n)]
+        write_back: list[list[int]] = [[] for _ in range(n)]
+        for w in range(n):
+            for k in worker_keys[w]:
+                (push_grads if len(trainers[k]) > 1 else update_local)[w].append(k)
+        for k, ws in trainers.items():
+            for w in ws:
+                assert self.valid(w, k), "a worker trains a row it does not hold"
+            new_version = self.latest.get(k, 0) + 1
+            self.latest[k] = new_version
+            if len(ws) > 1:  # gradients pushed, summed and applied once at commit
+                self.ps_version[k] = new_version
+                continue
+            w = ws[0]
+            self.caches[w][k] = CachedRow(new_version, self.sync == "on_demand")
+            if self.sync == "naive":
+                self.ps_version[k] = new_version
+                write_back[w].append(k)
+
+        released = self._release_pending(previous)
+        for w in range(n):
+            plans[w].evict = np.array(evict[w], dtype=np.int64)
+            plans[w].pull = np.array(pull[w], dtype=np.int64)
+            plans[w].update_local = np.array(update_local[w], dtype=np.int64)
+            plans[w].push_grads = np.array(push_grads[w], dtype=np.int64)
+            plans[w].write_back = np.array(sorted(write_back[w]), dtype=np.int64)
+        self.pending = plans
+        self.counts.iterations += 1
+        return released
+
+    def finish(self) -> list[CommPlan]:
+        """Release the last plans; rows still dirty are the final flush."""
+        released = self._release_pending({plan.worker: [] for plan in self.pending})
+        self.counts.final_flush = sum(
+            1 for cache in self.caches for row in cache.values() if row.dirty
+        )
+        return released
+
+    def _write_back(self, worker: int, key: int, previous: dict[int, list[int]]) -> None:
+        row = self.caches[worker][key]
+        row.dirty = False
+        self.ps_version[key] = row.version
+        previous.setdefault(worker, []).append(key)
+
+    def _release_pending(self, extra: dict[int, list[int]]) -> list[CommPlan]:
+        for plan in self.pending:
+            added = extra.get(plan.worker, [])
+            plan.write_back = np.array(sorted([*plan.write_back.tolist(), *added]), np.int64)
+            self.counts.add_plan(plan)
+        released, self.pending = self.pending, []
+        return released
