@@ -1,0 +1,153 @@
+"""The fast scheduler against the plain reference, and the invariants of the plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heraldps.errors import InvalidArgument
+from scheduler_service.batch import Batch
+from scheduler_service.plan import CommPlan
+from scheduler_service.reference import ReferenceScheduler
+from scheduler_service.scheduler import MODES, Scheduler
+
+PARTS = {
+    "naive": ("sequential", "naive"),
+    "on_demand": ("sequential", "on_demand"),
+    "location_aware": ("location_aware", "naive"),
+    "herald": ("location_aware", "on_demand"),
+}
+
+
+def random_batches(
+    seed: int, iterations: int, workers: int, per_worker: int, fields: int, vocab: int
+) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(iterations):
+        lens = rng.integers(0, fields + 1, workers * per_worker)
+        offsets = np.concatenate([[0], np.cumsum(lens)])
+        keys = (rng.zipf(1.2, int(offsets[-1])) % vocab) - vocab // 2
+        out.append(Batch.from_arrays(t, offsets, keys, workers))
+    return out
+
+
+def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list[CommPlan]:
+    plans = []
+    for batch in batches:
+        plans += scheduler.submit(batch)
+    return plans + scheduler.finish()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    workers=st.integers(1, 6),
+    per_worker=st.integers(1, 6),
+    fields=st.integers(1, 5),
+    vocab=st.integers(1, 60),
+    spare=st.integers(0, 30),
+)
+def test_fast_scheduler_equals_reference(
+    mode: str, seed: int, workers: int, per_worker: int, fields: int, vocab: int, spare: int
+) -> None:
+    capacity = per_worker * fields + spare  # never below a mini-batch's working set
+    batches = random_batches(seed, 8, workers, per_worker, fields, vocab)
+    fast, ref = (
+        Scheduler(workers, capacity, mode),
+        ReferenceScheduler(workers, capacity, *PARTS[mode]),
+    )
+    fast_plans, ref_plans = run(fast, batches), run(ref, batches)
+    assert len(fast_plans) == len(ref_plans) == 8 * workers
+    for a, b in zip(fast_plans, ref_plans, strict=True):
+        assert a.same_as(b), (a, b)
+    assert fast.counts == ref.counts
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_plan_invariants(mode: str) -> None:
+    """Replay plans on simple per-worker caches: every rule of the counting model holds."""
+    workers, per_worker, capacity = 4, 8, 40
+    batches = random_batches(7, 30, workers, per_worker, 5, 120)
+    scheduler = Scheduler(workers, capacity, mode)
+    plans = run(scheduler, batches)
+    caches: list[dict[int, tuple[int, bool]]] = [
+        {} for _ in range(workers)
+    ]  # key -> (version, dirty)
+    latest: dict[int, int] = {}
+    ps: dict[int, int] = {}
+    by_iteration: dict[int, list[CommPlan]] = {}
+    for plan in plans:
+        by_iteration.setdefault(plan.iteration, []).append(plan)
+    for batch in batches:
+        group = by_iteration[batch.iteration]
+        assigned = np.sort(np.concatenate([p.samples for p in group]))
+        assert np.array_equal(assigned, np.arange(batch.samples))  # every sample once
+        assert all(p.samples.shape[0] == per_worker for p in group)  # nobody over m
+        trainers: dict[int, int] = {}
+        for p in group:
+            cache = caches[p.worker]
+            for k in p.evict.tolist():
+                assert not cache.pop(k)[1], "a dirty row was evicted without a write-back"
+            for k in p.pull.tolist():
+                assert ps.get(k, 0) == latest.get(k, 0), (
+                    "pulled a row whose newest value is elsewhere"
+                )
+                cache[k] = (latest.get(k, 0), False)
+            assert len(cache) <= capacity
+            keys = {k for i in p.samples.tolist() for k in batch.sample_keys(i).tolist()}
+            assert set(p.update_local.tolist()) | set(p.push_grads.tolist()) == keys
+            for k in keys:
+                assert cache[k][0] == latest.get(k, 0), "trained a row that is not valid"
+                trainers[k] = trainers.get(k, 0) + 1
+        for p in group:
+            for k in p.push_grads.tolist():
+                assert trainers[k] > 1
+            for k in p.update_local.tolist():
+                assert trainers[k] == 1
+                caches[p.worker][k] = (latest.get(k, 0) + 1, True)
+        for k, count in trainers.items():
+            latest[k] = latest.get(k, 0) + 1
+            if count > 1:
+                ps[k] = latest[k]
+        for p in group:
+            for k in p.write_back.tolist():
+                version, dirty = caches[p.worker][k]
+                assert dirty
+                caches[p.worker][k] = (version, False)
+                ps[k] = version
+    flush = sum(dirty for cache in caches for _, dirty in cache.values())
+    assert flush == scheduler.counts.final_flush
+    if mode in ("naive", "location_aware"):
+        assert flush == 0
+
+
+def test_location_aware_prefers_cached_rows() -> None:
+    """Two workers; after one batch, samples follow the worker that holds their keys."""
+    s = Scheduler(2, 10, "herald")
+    first = Batch.from_arrays(0, [0, 2, 4], [1, 2, 3, 4], 2)  # worker 0: {1,2}, worker 1: {3,4}
+    second = Batch.from_arrays(1, [0, 2, 4], [3, 4, 1, 2], 2)
+    s.submit(first)
+    plans = s.submit(second) + s.finish()
+    second_plans = [p for p in plans if p.iteration == 1]
+    assert second_plans[0].samples.tolist() == [1] and second_plans[1].samples.tolist() == [0]
+    assert all(p.pull.size == 0 for p in second_plans)
+    assert s.counts.pulls == 4 and s.counts.pushes == 0 and s.counts.final_flush == 4
+
+
+def test_bad_batches() -> None:
+    s = Scheduler(2, 3, "herald")
+    with pytest.raises(InvalidArgument, match="split evenly"):
+        Batch.from_arrays(0, [0, 1, 2, 3], [1, 2, 3], 2)
+    with pytest.raises(InvalidArgument, match="more than its cache"):
+        s.submit(Batch.from_arrays(0, [0, 4, 5], [1, 2, 3, 4, 5], 2))
+    s.submit(Batch.from_arrays(0, [0, 1, 2], [1, 2], 2))
+    with pytest.raises(InvalidArgument, match="expected iteration 1"):
+        s.submit(Batch.from_arrays(5, [0, 1, 2], [1, 2], 2))
+    with pytest.raises(InvalidArgument, match="workers must be"):
+        Scheduler(65, 3)
+    with pytest.raises(InvalidArgument, match="unknown mode"):
+        Scheduler(2, 3, "fastest")
