@@ -79,6 +79,58 @@ def _run_ps(args: argparse.Namespace) -> int:
     return serve(config)
 
 
+def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="count Herald's pulls and pushes per mode on a dataset (Table 1)",
+        description="Run the scheduler core over a dataset in every mode and print Table 1.",
+    )
+    p.add_argument("--data", required=True, help="data file")
+    p.add_argument("--format", default="criteo", choices=("criteo", "avazu", "csv"))
+    p.add_argument(
+        "--sparse-columns", default=None, help="comma-separated categorical columns (csv)"
+    )
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--batch-size-per-worker", type=int, default=128)
+    p.add_argument(
+        "--cache-fraction",
+        type=float,
+        default=0.1,
+        help="cache rows per worker = floor(fraction x distinct keys in the file)",
+    )
+    p.add_argument("--iterations", type=int, default=None, help="at most this many batches")
+    p.add_argument("--json", default=None, help="write the counts here")
+    p.set_defaults(run=_run_simulate)
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from heraldps.datasets import read_dataset
+    from heraldps.errors import HeraldError
+    from scheduler_service.simulate import SimulationConfig, simulate, table, write_json
+
+    columns = args.sparse_columns.split(",") if args.sparse_columns else None
+    try:
+        dataset = read_dataset(args.data, args.format, sparse_columns=columns)
+        config = SimulationConfig(
+            args.data, args.format, args.workers, args.batch_size_per_worker,
+            args.cache_fraction, args.iterations,
+        )  # fmt: skip
+        result = simulate(dataset, config)
+    except (ValueError, OSError, HeraldError) as exc:
+        print(f"heraldps simulate: {exc}", file=sys.stderr)
+        return 2
+    c = result["config"]
+    print(
+        f"{c['rows']:,} rows, {c['distinct_keys']:,} distinct keys, {c['workers']} workers x "
+        f"{c['batch_size_per_worker']} samples, cache {c['cache_rows']:,} rows per worker, "
+        f"{result['modes']['naive']['iterations']} iterations"
+    )
+    print(table(result))
+    if args.json:
+        write_json(result, args.json)
+    return 0
+
+
 def _apply_env_defaults(parser: argparse.ArgumentParser) -> None:
     """Let HERALDPS_<DEST> environment variables provide defaults for every flag."""
     for action in parser._actions:
@@ -113,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_ps_parser(sub)
+    _add_simulate_parser(sub)
     _apply_env_defaults(parser)
     return parser
 

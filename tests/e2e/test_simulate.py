@@ -1,0 +1,79 @@
+"""``heraldps simulate`` on the shared Criteo and Avazu samples."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from heraldps.datasets import read_dataset
+from scheduler_service.batch import Batch
+from scheduler_service.reference import ReferenceScheduler
+from scheduler_service.scheduler import MODES
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+PARTS = {
+    "naive": ("sequential", "naive"),
+    "on_demand": ("sequential", "on_demand"),
+    "location_aware": ("location_aware", "naive"),
+    "herald": ("location_aware", "on_demand"),
+}
+CASES = [("criteo_kaggle_head8k/train.tsv", "criteo"), ("avazu_head9k/train.csv", "avazu")]
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+@pytest.mark.parametrize(("path", "fmt"), CASES)
+def test_simulate_cli_counts_equal_the_reference(path: str, fmt: str, tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    args = [
+        "--data",
+        str(DATA / path),
+        "--format",
+        fmt,
+        "--workers",
+        "4",
+        "--batch-size-per-worker",
+        "64",
+        "--iterations",
+        "6",
+        "--json",
+        str(out),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "heraldps.cli", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| herald |" in done.stdout
+    result = json.loads(out.read_text())
+    assert set(result) == {"config", "modes"} and list(result["modes"]) == list(MODES)
+    dataset = read_dataset(DATA / path, fmt)
+    capacity = math.floor(0.1 * dataset.distinct_keys())
+    assert result["config"]["cache_rows"] == capacity
+    for mode, counts in result["modes"].items():
+        assert set(counts) == {"pulls", "pushes"}
+        ref = ReferenceScheduler(4, capacity, *PARTS[mode])
+        for t, part in enumerate(dataset.batches(256, 6)):
+            ref.submit(Batch(t, part.offsets, part.keys, 4))
+        ref.finish()
+        assert (counts["pulls"], counts["pushes"]) == (ref.counts.pulls, ref.counts.pushes), mode
+    naive, herald = result["modes"]["naive"], result["modes"]["herald"]
+    assert herald["pulls"] < naive["pulls"] and herald["pushes"] < naive["pushes"]
+
+
+def test_simulate_cli_reports_bad_input(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("1\t2\t3\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "heraldps.cli", "simulate", "--data", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "heraldps simulate:" in done.stderr
