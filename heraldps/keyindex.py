@@ -4,10 +4,10 @@ Shard stores, gradient buffers and (later) worker caches keep their rows in
 contiguous arrays; this index maps a batch of keys to row numbers in one
 compiled loop (numba, GIL released), so no request path walks a Python dict.
 
-Layout: two parallel arrays of ``capacity`` slots (a power of two): the key
-(int64) and its row (int32, -1 = empty slot), linear probing on
-``splitmix64(key)``. Any int64 is a valid key. The load factor stays <= 1/2,
-so a slot costs 12 bytes and a key 24-48 bytes of index.
+Layout: ``capacity`` slots (a power of two) of (key, row) int64 pairs, row -1
+marking an empty slot, linear probing on ``splitmix64(key)``. Any int64 is a
+valid key. The load factor stays <= 1/2, so a slot costs 16 bytes and a key
+32-64 bytes of index.
 Rows are never removed one by one: the stores that use it only grow, or are
 rebuilt whole (load, eviction compaction).
 """
@@ -18,50 +18,53 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from heraldps import hostmem
 from heraldps.sharding import splitmix64
 
 _MIN_CAPACITY = 1024
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _probe(
-    slot_keys: npt.NDArray[np.int64], slot_rows: npt.NDArray[np.int32], key: np.int64
-) -> np.uint64:  # pragma: no cover - compiled
+def _probe(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: no cover
     """The slot holding ``key``, or the empty slot where it would go."""
-    mask = np.uint64(slot_keys.shape[0] - 1)
+    mask = np.uint64(slots.shape[0] - 1)
     s = splitmix64(np.uint64(key)) & mask
-    while slot_rows[s] >= 0 and slot_keys[s] != key:
+    while slots[s, 1] >= 0 and slots[s, 0] != key:
         s = (s + np.uint64(1)) & mask
     return s
 
 
 @numba.njit(cache=True, nogil=True)
 def _lookup(
-    slot_keys: npt.NDArray[np.int64],
-    slot_rows: npt.NDArray[np.int32],
-    keys: npt.NDArray[np.int64],
-    out: npt.NDArray[np.int64],
+    slots: npt.NDArray[np.int64], keys: npt.NDArray[np.int64], out: npt.NDArray[np.int64]
 ) -> None:  # pragma: no cover - compiled
     for i in range(keys.shape[0]):
-        out[i] = slot_rows[_probe(slot_keys, slot_rows, keys[i])]
+        out[i] = slots[_probe(slots, keys[i]), 1]
 
 
 @numba.njit(cache=True, nogil=True)
 def _insert(
-    slot_keys: npt.NDArray[np.int64],
-    slot_rows: npt.NDArray[np.int32],
+    slots: npt.NDArray[np.int64],
     keys: npt.NDArray[np.int64],
     next_row: int,
     out: npt.NDArray[np.int64],
 ) -> int:  # pragma: no cover - compiled
     for i in range(keys.shape[0]):
-        s = _probe(slot_keys, slot_rows, keys[i])
-        if slot_rows[s] < 0:
-            slot_keys[s] = keys[i]
-            slot_rows[s] = next_row
+        s = _probe(slots, keys[i])
+        if slots[s, 1] < 0:
+            slots[s, 0] = keys[i]
+            slots[s, 1] = next_row
             next_row += 1
-        out[i] = slot_rows[s]
+        out[i] = slots[s, 1]
     return next_row
+
+
+def _empty_slots(capacity: int) -> npt.NDArray[np.int64]:
+    """``[capacity, 2]`` of (key, row); row -1 marks an empty slot. Key and row share
+    a cache line, so a probe costs one memory access; big tables use huge pages."""
+    slots = hostmem.zeros((capacity, 2), np.int64)
+    slots[:, 1] = -1
+    return slots
 
 
 def _capacity_for(rows: int) -> int:
@@ -76,8 +79,7 @@ class KeyIndex:
 
     def __init__(self, expected_rows: int = 0) -> None:
         capacity = _capacity_for(expected_rows)
-        self._slot_keys = np.zeros(capacity, dtype=np.int64)
-        self._slot_rows = np.full(capacity, -1, dtype=np.int32)
+        self._slots = _empty_slots(capacity)
         self._size = 0
 
     def __len__(self) -> int:
@@ -86,18 +88,18 @@ class KeyIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the slot arrays."""
-        return int(self._slot_keys.nbytes + self._slot_rows.nbytes)
+        return int(self._slots.nbytes)
 
     @staticmethod
     def bytes_for(rows: int) -> int:
         """Slot bytes an index holding ``rows`` keys uses."""
-        return _capacity_for(rows) * 12
+        return _capacity_for(rows) * 16
 
     def lookup(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Row of every key, -1 where absent."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         out = np.empty(keys.shape[0], dtype=np.int64)
-        _lookup(self._slot_keys, self._slot_rows, keys, out)
+        _lookup(self._slots, keys, out)
         return out
 
     def insert(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -105,24 +107,22 @@ class KeyIndex:
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         self._reserve(self._size + keys.shape[0])
         out = np.empty(keys.shape[0], dtype=np.int64)
-        self._size = int(_insert(self._slot_keys, self._slot_rows, keys, self._size, out))
+        self._size = int(_insert(self._slots, keys, self._size, out))
         return out
 
     def _reserve(self, rows: int) -> None:
-        if 2 * rows <= self._slot_keys.shape[0]:
+        if 2 * rows <= self._slots.shape[0]:
             return
         if rows >= np.iinfo(np.int32).max:
             raise OverflowError("a KeyIndex holds at most 2**31 - 1 rows")
-        occupied = self._slot_rows >= 0
-        old_keys = self._slot_keys[occupied]
-        old_rows = self._slot_rows[occupied]
-        capacity = _capacity_for(rows)
-        self._slot_keys = np.zeros(capacity, dtype=np.int64)
-        self._slot_rows = np.full(capacity, -1, dtype=np.int32)
+        occupied = self._slots[:, 1] >= 0
+        old_keys = self._slots[occupied, 0]
+        old_rows = self._slots[occupied, 1]
+        self._slots = _empty_slots(_capacity_for(rows))
         # Re-insert in row order so each key keeps its row number.
         order = np.argsort(old_rows, kind="stable")
         scratch = np.empty(old_keys.shape[0], dtype=np.int64)
-        _insert(self._slot_keys, self._slot_rows, old_keys[order], 0, scratch)
+        _insert(self._slots, old_keys[order], 0, scratch)
 
 
 def distinct(

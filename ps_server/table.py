@@ -23,7 +23,7 @@ import numpy.typing as npt
 from heraldps.errors import InvalidArgument, StaleIteration, VersionConflict
 from heraldps.keyindex import KeyIndex, distinct
 from heraldps.spec import TableSpec, UpdateMode
-from ps_server import hostmem
+from heraldps import hostmem
 from ps_server.kernels import gather_rows, scatter_add_rows
 from ps_server.memory import MemoryBudget
 

@@ -8,7 +8,7 @@ State layout (owned by :class:`scheduler_service.mirror.CacheMirror`):
 - cache entries live in a shared slot pool (``slot_kid``, ``prev``, ``nxt``):
   one doubly linked LRU list per worker (``head`` = most recent);
 - ``(kid * 64 + worker) -> slot`` in an open-addressing table with
-  backward-shift deletion (``tkeys``, ``tvals``; -1 empty).
+  backward-shift deletion (``table``: [T, 2] of (key, slot), slot -1 empty).
 """
 
 from __future__ import annotations
@@ -41,53 +41,53 @@ def popcount(x: np.uint64) -> int:  # pragma: no cover - compiled
     return count
 
 
-# ----- (kid, worker) -> slot table -------------------------------------------
+# ----- (kid, worker) -> slot table: [T, 2] of (key, slot), slot -1 empty -----------
 @numba.njit(cache=True, nogil=True, inline="always")
-def _tfind(tkeys, tvals, key):  # type: ignore[no-untyped-def]  # pragma: no cover
-    mask = np.uint64(tkeys.shape[0] - 1)
+def _tfind(table, key):  # type: ignore[no-untyped-def]  # pragma: no cover
+    mask = np.uint64(table.shape[0] - 1)
     s = splitmix64(np.uint64(key)) & mask
-    while tvals[s] >= 0:
-        if tkeys[s] == key:
+    while table[s, 1] >= 0:
+        if table[s, 0] == key:
             return np.int64(s)
         s = (s + np.uint64(1)) & mask
     return np.int64(-1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _tinsert(tkeys, tvals, key, value):  # type: ignore[no-untyped-def]  # pragma: no cover
-    mask = np.uint64(tkeys.shape[0] - 1)
+def _tinsert(table, key, value):  # type: ignore[no-untyped-def]  # pragma: no cover
+    mask = np.uint64(table.shape[0] - 1)
     s = splitmix64(np.uint64(key)) & mask
-    while tvals[s] >= 0:
+    while table[s, 1] >= 0:
         s = (s + np.uint64(1)) & mask
-    tkeys[s] = key
-    tvals[s] = value
+    table[s, 0] = key
+    table[s, 1] = value
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _tdelete(tkeys, tvals, slot):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _tdelete(table, slot):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Remove the entry at ``slot``; shift later entries of the probe run back."""
-    mask = np.int64(tkeys.shape[0] - 1)
+    mask = np.int64(table.shape[0] - 1)
     i = np.int64(slot)
-    tvals[i] = -1
+    table[i, 1] = -1
     j = i
     while True:
         j = (j + 1) & mask
-        if tvals[j] < 0:
+        if table[j, 1] < 0:
             return
-        home = np.int64(splitmix64(np.uint64(tkeys[j])) & np.uint64(mask))
+        home = np.int64(splitmix64(np.uint64(table[j, 0])) & np.uint64(mask))
         # Move entry j back to i unless its home lies cyclically in (i, j].
         if (home <= i or home > j) if i <= j else (home <= i and home > j):
-            tkeys[i] = tkeys[j]
-            tvals[i] = tvals[j]
-            tvals[j] = -1
+            table[i, 0] = table[j, 0]
+            table[i, 1] = table[j, 1]
+            table[j, 1] = -1
             i = j
 
 
 @numba.njit(cache=True, nogil=True)
-def rehash(old_keys, old_vals, new_keys, new_vals):  # type: ignore[no-untyped-def]  # pragma: no cover
-    for s in range(old_keys.shape[0]):
-        if old_vals[s] >= 0:
-            _tinsert(new_keys, new_vals, old_keys[s], old_vals[s])
+def rehash(old, new):  # type: ignore[no-untyped-def]  # pragma: no cover
+    for s in range(old.shape[0]):
+        if old[s, 1] >= 0:
+            _tinsert(new, old[s, 0], old[s, 1])
 
 
 # ----- stage 1: partition ----------------------------------------------------
@@ -180,8 +180,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     tail,
     used,
     pool,
-    tkeys,
-    tvals,
+    table,
     stride,
 ):
     """LRU touches, pulls and evictions of every worker, in first-occurrence order."""
@@ -196,9 +195,9 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
         bit = np.uint64(1) << np.uint64(w)
         for q in range(wl_offsets[w], wl_offsets[w + 1]):
             k = wl_kids[q]
-            found = _tfind(tkeys, tvals, k * stride + w)
+            found = _tfind(table, k * stride + w)
             if found >= 0:
-                s = tvals[found]
+                s = table[found, 1]
                 if holders[k] & bit:
                     hits += 1
                 else:
@@ -233,7 +232,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
                     nxt[prev[s]] = -1
                 else:
                     head[w] = -1
-                _tdelete(tkeys, tvals, _tfind(tkeys, tvals, victim * stride + w))
+                _tdelete(table, _tfind(table, victim * stride + w))
                 holders[victim] &= ~bit
                 evicted[nev] = victim
                 nev += 1
@@ -242,7 +241,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
                     dirty_evicted[ndirty] = victim * stride + w
                     ndirty += 1
             slot_kid[s] = k
-            _tinsert(tkeys, tvals, k * stride + w, s)
+            _tinsert(table, k * stride + w, s)
             holders[k] |= bit
             prev[s] = -1
             nxt[s] = head[w]

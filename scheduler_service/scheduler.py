@@ -18,6 +18,7 @@ import abc
 import numpy as np
 import numpy.typing as npt
 
+from heraldps import hostmem
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import KeyIndex
 from scheduler_service import kernels
@@ -52,8 +53,7 @@ class CacheMirror:
         self.tail = np.full(num_workers, -1, np.int64)
         self.used = np.zeros(num_workers, np.int64)
         self.pool = np.zeros(1, np.int64)
-        self.tkeys = np.zeros(1024, np.int64)
-        self.tvals = np.full(1024, -1, np.int64)
+        self.table = _empty_table(1024)
         self.samples_seen = 0
         self.batches_seen = 0
 
@@ -80,13 +80,13 @@ class CacheMirror:
             self.slot_kid = _grow(self.slot_kid, cap, -1)
             self.prev = _grow(self.prev, cap, -1)
             self.nxt = _grow(self.nxt, cap, -1)
-        if 2 * need > self.tkeys.shape[0]:
-            size = self.tkeys.shape[0]
+        if 2 * need > self.table.shape[0]:
+            size = self.table.shape[0]
             while size < 2 * need:
                 size *= 2
-            keys, vals = np.zeros(size, np.int64), np.full(size, -1, np.int64)
-            kernels.rehash(self.tkeys, self.tvals, keys, vals)
-            self.tkeys, self.tvals = keys, vals
+            table = _empty_table(size)
+            kernels.rehash(self.table, table)
+            self.table = table
 
     def valid_holders(self, key: int) -> list[int]:
         """Workers holding a valid copy of ``key`` (for tests and debugging)."""
@@ -100,8 +100,16 @@ class CacheMirror:
         return int((self.dirty_owner[: len(self.index)] >= 0).sum())
 
 
+def _empty_table(size: int) -> npt.NDArray[np.int64]:
+    table = hostmem.zeros((size, 2), np.int64)
+    table[:, 1] = -1
+    return table
+
+
 def _grow(array: np.ndarray, capacity: int, fill: int) -> np.ndarray:
-    out = np.full(capacity, fill, dtype=array.dtype)
+    out = hostmem.zeros((capacity,), array.dtype)
+    if fill:
+        out[array.shape[0] :] = fill
     out[: array.shape[0]] = array
     return out
 
@@ -216,7 +224,7 @@ class Scheduler:
         ev_offsets, evicted, pl_offsets, pulled, dirty_evicted, hits = kernels.cache_ops(
             wl_offsets, wl_kids, n, mirror.capacity, mirror.holders, mirror.dirty_owner,
             mirror.slot_kid, mirror.prev, mirror.nxt, mirror.head, mirror.tail, mirror.used,
-            mirror.pool, mirror.tkeys, mirror.tvals, STRIDE,
+            mirror.pool, mirror.table, STRIDE,
         )  # fmt: skip
         co = kernels.co_trained(wl_kids, mirror.trainers)
         wb_prev, wb_now = kernels.settle(
