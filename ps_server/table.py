@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from heraldps import hostmem
 from heraldps.errors import InvalidArgument, StaleIteration, VersionConflict
 from heraldps.keyindex import KeyIndex, distinct
 from heraldps.spec import TableSpec, UpdateMode
-from heraldps import hostmem
 from ps_server.kernels import gather_rows, scatter_add_rows
 from ps_server.memory import MemoryBudget
 
