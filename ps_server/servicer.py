@@ -2,18 +2,17 @@
 
 The servicer holds no logic of its own: it decodes and validates requests,
 calls the store, and maps domain errors to status codes in one table
-(``STATUS_OF``).
+(``heraldps.status.STATUS_OF``, shared by every servicer).
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import numpy as np
@@ -25,12 +24,9 @@ from heraldps.errors import (
     HeraldError,
     InvalidArgument,
     ResourceExhausted,
-    StaleIteration,
-    TableExists,
-    UnknownTable,
-    VersionConflict,
 )
 from heraldps.spec import TableSpec
+from heraldps.status import status_of, unary_handler
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
 from ps_server import snapshot
 from ps_server.metrics import PSMetrics
@@ -39,51 +35,7 @@ from ps_server.table import StagedTable
 
 log = logging.getLogger(__name__)
 
-STATUS_OF: dict[type[HeraldError], grpc.StatusCode] = {
-    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    UnknownTable: grpc.StatusCode.NOT_FOUND,
-    TableExists: grpc.StatusCode.ALREADY_EXISTS,
-    StaleIteration: grpc.StatusCode.FAILED_PRECONDITION,
-    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-    VersionConflict: grpc.StatusCode.ABORTED,
-    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
-
 DEFAULT_EXPORT_BLOCK_ROWS = 65536
-
-Handler = TypeVar("Handler", bound=Callable[..., Any])
-
-
-def _status_of(exc: HeraldError) -> grpc.StatusCode:
-    for cls in type(exc).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]
-    return grpc.StatusCode.INTERNAL
-
-
-def _unary(method: Handler) -> Handler:
-    """Time the call, count it by status code and turn domain errors into statuses."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(self: ParameterServerServicer, request: Any, context: grpc.ServicerContext) -> Any:
-        m = self.metrics
-        started = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
-            return method(self, request, context)
-        except HeraldError as exc:
-            code = _status_of(exc)
-            context.abort(code, str(exc))
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
-            log.exception("%s failed", name)
-            context.abort(code, f"{name}: internal error (see the shard's log)")
-        finally:
-            m.requests.labels(m.shard, name, code.name).inc()
-            m.latency.labels(m.shard, name).observe(time.perf_counter() - started)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _little_endian(array: npt.NDArray[Any], dtype: type[np.generic]) -> npt.NDArray[Any]:
@@ -107,6 +59,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         metrics.committed_iteration.labels(metrics.shard).set(store.committed_iteration)
 
     # ----- helpers ----------------------------------------------------------
+    def record_rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        m = self.metrics
+        m.requests.labels(m.shard, method, code.name).inc()
+        m.latency.labels(m.shard, method).observe(seconds)
+
     def _info(self, table: StagedTable) -> types_pb2.TableInfo:
         return types_pb2.TableInfo(
             spec=table.spec.to_proto(),
@@ -132,7 +89,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             )
 
     # ----- tables -----------------------------------------------------------
-    @_unary
+    @unary_handler
     def CreateTable(
         self, request: ps_pb2.CreateTableRequest, context: grpc.ServicerContext
     ) -> ps_pb2.CreateTableResponse:
@@ -142,20 +99,20 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._observe_size(table)
         return ps_pb2.CreateTableResponse(table=self._info(table), created=created)
 
-    @_unary
+    @unary_handler
     def ListTables(
         self, request: ps_pb2.ListTablesRequest, context: grpc.ServicerContext
     ) -> ps_pb2.ListTablesResponse:
         return ps_pb2.ListTablesResponse(tables=[self._info(t) for t in self.store.tables()])
 
-    @_unary
+    @unary_handler
     def DescribeTable(
         self, request: ps_pb2.DescribeTableRequest, context: grpc.ServicerContext
     ) -> types_pb2.TableInfo:
         return self._info(self.store.table(request.table))
 
     # ----- training ---------------------------------------------------------
-    @_unary
+    @unary_handler
     def Pull(  # type: ignore[override]
         self, request: ps_pb2.PullRequest, context: grpc.ServicerContext
     ) -> bytes:
@@ -178,7 +135,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             ]
         )
 
-    @_unary
+    @unary_handler
     def PushGradients(
         self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
     ) -> ps_pb2.PushGradientsResponse:
@@ -190,7 +147,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._observe_size(table)
         return ps_pb2.PushGradientsResponse(rows=keys.shape[0], applied=applied)
 
-    @_unary
+    @unary_handler
     def Commit(
         self, request: ps_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> ps_pb2.CommitResponse:
@@ -208,7 +165,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             already_committed=already,
         )
 
-    @_unary
+    @unary_handler
     def WriteBack(
         self, request: ps_pb2.WriteBackRequest, context: grpc.ServicerContext
     ) -> ps_pb2.WriteBackResponse:
@@ -230,7 +187,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.WriteBackResponse(rows=n)
 
     # ----- snapshots and export --------------------------------------------
-    @_unary
+    @unary_handler
     def Save(
         self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext
     ) -> ps_pb2.SaveResponse:
@@ -249,7 +206,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             shard_dir=str(shard_dir),
         )
 
-    @_unary
+    @unary_handler
     def Load(
         self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext
     ) -> ps_pb2.LoadResponse:
@@ -270,7 +227,6 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def ExportIncremental(
         self, request: ps_pb2.ExportIncrementalRequest, context: grpc.ServicerContext
     ) -> Iterator[ps_pb2.RowBlock]:
-        m = self.metrics
         started = time.perf_counter()
         code = grpc.StatusCode.OK
         try:
@@ -294,13 +250,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                         changed_iterations=wire.encode_keys(block.changed[part]),
                     )
         except HeraldError as exc:
-            code = _status_of(exc)
+            code = status_of(exc)
             context.abort(code, str(exc))
         finally:
-            m.requests.labels(m.shard, "ExportIncremental", code.name).inc()
-            m.latency.labels(m.shard, "ExportIncremental").observe(time.perf_counter() - started)
+            self.record_rpc("ExportIncremental", code, time.perf_counter() - started)
 
-    @_unary
+    @unary_handler
     def GetShardInfo(
         self, request: ps_pb2.GetShardInfoRequest, context: grpc.ServicerContext
     ) -> ps_pb2.ShardInfo:

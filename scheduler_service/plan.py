@@ -36,6 +36,7 @@ class CommPlan:
     update_local: Keys = field(default_factory=_empty)
     push_grads: Keys = field(default_factory=_empty)
     write_back: Keys = field(default_factory=_empty)
+    final_flush: bool = False  # after this iteration, write back every dirty row
 
     def same_as(self, other: CommPlan) -> bool:
         """Equal field by field (arrays compared by value and order)."""

@@ -1,0 +1,147 @@
+"""The scheduler service's state: released plans, registered workers, the BSP barrier.
+
+No gRPC here. Thread-safe: one lock and one condition variable; plan
+watchers block on the condition until their next plan may flow (released,
+and the previous iteration committed).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from heraldps.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from scheduler_service.batch import Batch
+from scheduler_service.plan import CommPlan
+from scheduler_service.scheduler import Scheduler
+
+
+class UnknownWorker(InvalidArgument):
+    """A worker id outside 0..num_workers-1."""
+
+
+class Barrier:
+    """Plans in, reports in, commits out."""
+
+    def __init__(
+        self, scheduler: Scheduler, commit: Callable[[int], None], max_backlog: int = 4
+    ) -> None:
+        self.scheduler = scheduler
+        self._commit = commit
+        self.max_backlog = max_backlog
+        self.registered: set[int] = set()
+        self.committed = -1
+        self.finished = False
+        self.final_flush = 0
+        self._plans: dict[int, list[CommPlan]] = {}
+        self._last_iteration: int | None = None
+        self._done: dict[int, set[int]] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
+    @property
+    def num_workers(self) -> int:
+        return self.scheduler.num_workers
+
+    def _check_worker(self, worker: int) -> None:
+        if not 0 <= worker < self.num_workers:
+            raise UnknownWorker(
+                f"worker {worker} is unknown: this scheduler has workers 0..{self.num_workers - 1}"
+            )
+
+    def register(self, worker: int) -> None:
+        self._check_worker(worker)
+        with self._lock:
+            self.registered.add(worker)
+            self._changed.notify_all()
+
+    @property
+    def backlog(self) -> int:
+        return len(self._plans)
+
+    def submit(self, batch: Batch) -> int:
+        """Plan a batch; return the iteration whose plans it released (-1 none)."""
+        with self._lock:
+            if self.finished:
+                raise FailedPrecondition("training was finished; no more batches are accepted")
+            expected = self.scheduler.next_iteration
+            if expected is not None and batch.iteration != expected:
+                raise FailedPrecondition(
+                    f"batch for iteration {batch.iteration} is out of order: the scheduler "
+                    f"expects iteration {expected}"
+                )
+            if self.backlog >= self.max_backlog:
+                raise ResourceExhausted(
+                    f"{self.backlog} iterations are planned but not committed (max "
+                    f"{self.max_backlog}); retry after the workers catch up"
+                )
+            released = self.scheduler.submit(batch)
+            return self._publish(released)
+
+    def finish(self) -> int:
+        with self._lock:
+            if not self.finished:
+                released = self.scheduler.finish()
+                for plan in released:
+                    plan.final_flush = True
+                self._publish(released)
+                self.finished = True
+                self.final_flush = self.scheduler.counts.final_flush
+                self._changed.notify_all()
+            return self.final_flush
+
+    def _publish(self, released: list[CommPlan]) -> int:
+        if not released:
+            return -1
+        iteration = released[0].iteration
+        self._plans[iteration] = released
+        self._last_iteration = iteration
+        self._changed.notify_all()
+        return iteration
+
+    def next_plan(self, worker: int, iteration: int, timeout: float) -> CommPlan | None:
+        """Block until ``worker``'s plan for ``iteration`` may flow; None when training ended
+        or ``timeout`` passed (the caller checks again)."""
+        self._check_worker(worker)
+        with self._lock:
+            if worker not in self.registered:
+                raise FailedPrecondition(f"worker {worker} must call RegisterWorker first")
+
+            def ready() -> bool:
+                return (iteration in self._plans and self.committed >= iteration - 1) or (
+                    self.finished and iteration not in self._plans
+                )
+
+            if not self._changed.wait_for(ready, timeout=timeout):
+                return None
+            plans = self._plans.get(iteration)
+            return None if plans is None else plans[worker]
+
+    def report_done(self, worker: int, iteration: int) -> bool:
+        """Record a worker's report; commit on the PS when it completes the iteration."""
+        self._check_worker(worker)
+        with self._lock:
+            current = self.committed + 1
+            if iteration != current:
+                raise FailedPrecondition(
+                    f"worker {worker} reported iteration {iteration}, but iteration {current} "
+                    "is the one in progress"
+                )
+            if iteration not in self._plans:
+                raise FailedPrecondition(f"iteration {iteration} has no released plans yet")
+            done = self._done.setdefault(iteration, set())
+            done.add(worker)
+            if len(done) < self.num_workers:
+                return False
+        # Every worker reported: commit outside the lock (it talks to the PS).
+        self._commit(iteration)
+        with self._lock:
+            self.committed = iteration
+            del self._plans[iteration]
+            del self._done[iteration]
+            self._changed.notify_all()
+        return True
+
+    def is_over(self, iteration: int) -> bool:
+        with self._lock:
+            return self.finished and iteration not in self._plans
