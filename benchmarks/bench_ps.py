@@ -262,7 +262,7 @@ def raw_grpc_server(workdir: Path) -> Iterator[str]:
 def serve_raw(port_file: Path) -> int:
     """Answer every call of ``RAW_METHOD`` with one prebuilt payload until SIGTERM."""
     tune_malloc()
-    from ps_server.server import channel_options
+    from heraldps.serving import channel_options
 
     payload = np.random.default_rng(0).bytes(RESPONSE_BYTES)
 
@@ -576,7 +576,7 @@ def median(values: list[float]) -> float:
 def bench_network(settings: Settings, workdir: Path, results: Results) -> None:
     """Pull (ours, raw gRPC, Redis) and push+commit, all over local TCP."""
     from heraldps.client import PSClient
-    from ps_server.server import channel_options
+    from heraldps.serving import channel_options
 
     keys = distinct_keys(BATCH, seed=7)
     skip_redis = redis_available()

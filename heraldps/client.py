@@ -27,6 +27,7 @@ import numpy.typing as npt
 from heraldps import wire
 from heraldps.init import Initializer, Zeros
 from heraldps.optim import Optimizer
+from heraldps.serving import channel_options
 from heraldps.sharding import split_by_shard
 from heraldps.spec import TableSpec, UpdateMode
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
@@ -107,10 +108,7 @@ class PSClient:
         self.timeout = timeout
         self.retries = retries
         self.backoff_seconds = backoff_seconds
-        options = [
-            ("grpc.max_send_message_length", self.max_message_bytes),
-            ("grpc.max_receive_message_length", self.max_message_bytes),
-        ]
+        options = channel_options(self.max_message_bytes)
         self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         # Pull answers arrive as raw bytes and are decoded straight into NumPy

@@ -1,22 +1,15 @@
-"""Running a PS shard: config, gRPC server, health, reflection, metrics, signals."""
+"""Running a PS shard: config, servicer registration, process (``heraldps.serving``)."""
 
 from __future__ import annotations
 
 import logging
-import signal
-import threading
-from concurrent import futures
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from types import FrameType
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import Message
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
+from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import ps_pb2
 from ps_server.metrics import PSMetrics
 from ps_server.servicer import ParameterServerServicer
@@ -83,15 +76,7 @@ def add_servicer(servicer: ParameterServerServicer, server: grpc.Server) -> None
     )
 
 
-def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """gRPC options shared by servers and clients (message limits raised from 4 MiB)."""
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-    ]
-
-
-class PSServer:
+class PSServer(GrpcProcess):
     """One shard: a StagedStore behind a gRPC server with health and reflection."""
 
     def __init__(self, config: PSConfig) -> None:
@@ -102,71 +87,25 @@ class PSServer:
         self.store = StagedStore(config.shard_index, config.num_shards, limit)
         self.metrics = PSMetrics(config.shard_index)
         self.servicer = ParameterServerServicer(self.store, self.metrics, config.max_message_bytes)
-        self.health = health.HealthServicer(experimental_non_blocking=True)
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc"),
-            options=channel_options(config.max_message_bytes),
+        super().__init__(
+            name=f"shard {config.shard_index}/{config.num_shards}",
+            host=config.host,
+            port=config.port,
+            threads=config.threads,
+            max_message_bytes=config.max_message_bytes,
+            service_names=(SERVICE_NAME,),
+            registry=self.metrics.registry,
+            metrics_port=config.metrics_port,
+            port_file=config.port_file,
+            grace_seconds=config.grace_seconds,
         )
-        add_servicer(self.servicer, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
-        )
-        self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
-        if self.port == 0:
-            raise OSError(f"cannot bind {config.host}:{config.port}; is the port in use?")
-        self.metrics_port: int | None = None
-        self._stopped = threading.Event()
+        add_servicer(self.servicer, self.server)
 
     def start(self) -> None:
-        self._server.start()
-        if self.config.metrics_port is not None:
-            http_server, _ = start_http_server(
-                self.config.metrics_port, registry=self.metrics.registry
-            )
-            self.metrics_port = http_server.server_port
-        for name in ("", SERVICE_NAME):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info(
-            "shard %d/%d serving on %s:%d (metrics port %s), config %s",
-            self.config.shard_index,
-            self.config.num_shards,
-            self.config.host,
-            self.port,
-            self.metrics_port,
-            asdict(self.config),
-        )
-        if self.config.port_file:
-            # Write then rename, so a watcher never reads a partial file.
-            target = Path(self.config.port_file)
-            partial = target.with_name(f".{target.name}.partial")
-            partial.write_text(f"{self.port} {self.metrics_port or 0}\n")
-            partial.replace(target)
-
-    def stop(self, grace: float | None = None) -> None:
-        """Report NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace``."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        self.health.enter_graceful_shutdown()
-        grace = self.config.grace_seconds if grace is None else grace
-        self._server.stop(grace).wait()
-        log.info("shard %d stopped", self.config.shard_index)
-
-    def wait(self) -> None:
-        self._server.wait_for_termination()
+        super().start()
+        log.info("config %s", asdict(self.config))
 
 
 def serve(config: PSConfig) -> int:
     """Run a shard until SIGTERM/SIGINT, then drain and return 0."""
-    server = PSServer(config)
-    server.start()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: draining", signum)
-        threading.Thread(target=server.stop, name="ps-drain").start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.wait()
-    return 0
+    return serve_until_signal(PSServer(config))

@@ -1,0 +1,115 @@
+"""What every heraldps gRPC process shares: server, health, reflection, metrics, signals."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, start_http_server
+
+log = logging.getLogger(__name__)
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """gRPC options shared by servers and clients (message limits raised from 4 MiB)."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class GrpcProcess:
+    """A gRPC server with health (SERVING once started), reflection and /metrics.
+
+    Subclasses register their servicers on ``self.server`` in ``__init__``
+    and name their services in ``service_names``.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        host: str,
+        port: int,
+        threads: int,
+        max_message_bytes: int,
+        service_names: tuple[str, ...],
+        registry: CollectorRegistry,
+        metrics_port: int | None,
+        port_file: str | None,
+        grace_seconds: float,
+    ) -> None:
+        self.name = name
+        self.service_names = service_names
+        self.registry = registry
+        self.grace_seconds = grace_seconds
+        self._metrics_port_wanted = metrics_port
+        self._port_file = port_file
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-rpc"),
+            options=channel_options(max_message_bytes),
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.host = host
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {host}:{port}; is the port in use?")
+        self.metrics_port: int | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        self.server.start()
+        if self._metrics_port_wanted is not None:
+            http_server, _ = start_http_server(self._metrics_port_wanted, registry=self.registry)
+            self.metrics_port = http_server.server_port
+        for service in ("", *self.service_names):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s serving on %s:%d (metrics port %s)", self.name, self.host, self.port,
+                 self.metrics_port)  # fmt: skip
+        if self._port_file:
+            # Write then rename, so a watcher never reads a partial file.
+            target = Path(self._port_file)
+            partial = target.with_name(f".{target.name}.partial")
+            partial.write_text(f"{self.port} {self.metrics_port or 0}\n")
+            partial.replace(target)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Report NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace``."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()
+        self.before_stop()
+        self.server.stop(self.grace_seconds if grace is None else grace).wait()
+        log.info("%s stopped", self.name)
+
+    def before_stop(self) -> None:
+        """Hook: wake long-running streams so the drain does not wait for them."""
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+
+def serve_until_signal(process: GrpcProcess) -> int:
+    """Run until SIGTERM/SIGINT, then drain and return 0."""
+    process.start()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: draining", signum)
+        threading.Thread(target=process.stop, name="drain").start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    process.wait()
+    return 0
