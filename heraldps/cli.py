@@ -79,6 +79,46 @@ def _run_ps(args: argparse.Namespace) -> int:
     return serve(config)
 
 
+def _add_scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "scheduler",
+        help="run the Herald scheduler service",
+        description="Run the Herald scheduler: plans per worker, BSP barrier, PS commits.",
+    )
+    p.add_argument("--workers", type=int, required=True, help="number of workers N (<= 64)")
+    p.add_argument("--cache-rows", type=int, required=True, help="rows per worker cache")
+    p.add_argument("--mode", default="herald", help="naive, on_demand, location_aware, herald")
+    p.add_argument("--table", default="emb", help="embedding table the plans refer to")
+    p.add_argument("--ps", default="", help="comma-separated PS shard addresses, in shard order")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=7100, help="gRPC port; 0 picks a free one")
+    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--max-backlog", type=int, default=4, help="planned, uncommitted iterations")
+    p.add_argument("--max-message-mb", type=int, default=64)
+    p.add_argument("--threads", type=int, default=32)
+    p.add_argument("--grace-seconds", type=float, default=10.0)
+    p.add_argument("--port-file", default=None)
+    p.set_defaults(run=_run_scheduler)
+
+
+def _run_scheduler(args: argparse.Namespace) -> int:
+    from heraldps.errors import HeraldError
+    from scheduler_service.server import SchedulerConfig, serve
+
+    try:
+        config = SchedulerConfig(
+            workers=args.workers, cache_rows=args.cache_rows, mode=args.mode, table=args.table,
+            ps=tuple(a for a in args.ps.split(",") if a), host=args.host, port=args.port,
+            metrics_port=args.metrics_port, max_backlog=args.max_backlog,
+            max_message_mb=args.max_message_mb, threads=args.threads,
+            grace_seconds=args.grace_seconds, port_file=args.port_file,
+        )  # fmt: skip
+        return serve(config)
+    except (ValueError, HeraldError) as exc:
+        print(f"heraldps scheduler: {exc}", file=sys.stderr)
+        return 2
+
+
 def _add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate",
@@ -165,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_ps_parser(sub)
+    _add_scheduler_parser(sub)
     _add_simulate_parser(sub)
     _apply_env_defaults(parser)
     return parser

@@ -34,7 +34,6 @@ class Barrier:
         self.finished = False
         self.final_flush = 0
         self._plans: dict[int, list[CommPlan]] = {}
-        self._last_iteration: int | None = None
         self._done: dict[int, set[int]] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -59,8 +58,8 @@ class Barrier:
     def backlog(self) -> int:
         return len(self._plans)
 
-    def submit(self, batch: Batch) -> int:
-        """Plan a batch; return the iteration whose plans it released (-1 none)."""
+    def submit(self, batch: Batch) -> list[CommPlan]:
+        """Plan a batch; return the plans it released (the previous iteration's)."""
         with self._lock:
             if self.finished:
                 raise FailedPrecondition("training was finished; no more batches are accepted")
@@ -76,28 +75,32 @@ class Barrier:
                     f"{self.max_backlog}); retry after the workers catch up"
                 )
             released = self.scheduler.submit(batch)
-            return self._publish(released)
+            self._publish(released)
+            return released
 
-    def finish(self) -> int:
+    def finish(self) -> list[CommPlan]:
+        """No more batches: release the last plans (marked final_flush)."""
         with self._lock:
-            if not self.finished:
-                released = self.scheduler.finish()
-                for plan in released:
-                    plan.final_flush = True
-                self._publish(released)
-                self.finished = True
-                self.final_flush = self.scheduler.counts.final_flush
-                self._changed.notify_all()
-            return self.final_flush
+            if self.finished:
+                return []
+            released = self.scheduler.finish()
+            for plan in released:
+                plan.final_flush = True
+            self._publish(released)
+            self.finished = True
+            self.final_flush = self.scheduler.counts.final_flush
+            self._changed.notify_all()
+            return released
 
-    def _publish(self, released: list[CommPlan]) -> int:
-        if not released:
-            return -1
-        iteration = released[0].iteration
-        self._plans[iteration] = released
-        self._last_iteration = iteration
-        self._changed.notify_all()
-        return iteration
+    def _publish(self, released: list[CommPlan]) -> None:
+        if released:
+            self._plans[released[0].iteration] = released
+            self._changed.notify_all()
+
+    def wake_all(self) -> None:
+        """Wake every waiting watcher (shutdown)."""
+        with self._lock:
+            self._changed.notify_all()
 
     def next_plan(self, worker: int, iteration: int, timeout: float) -> CommPlan | None:
         """Block until ``worker``'s plan for ``iteration`` may flow; None when training ended

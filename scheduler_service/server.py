@@ -1,0 +1,94 @@
+"""Running the scheduler service: config, PS commit hook, process (``heraldps.serving``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass, field
+
+from heraldps.client import PSClient
+from heraldps.serving import GrpcProcess, serve_until_signal
+from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.barrier import Barrier
+from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.scheduler import MODES, Scheduler
+from scheduler_service.servicer import SchedulerServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Everything the scheduler process is configured with (CLI flags / HERALDPS_* env)."""
+
+    workers: int
+    cache_rows: int
+    mode: str = "herald"
+    table: str = "emb"
+    ps: tuple[str, ...] = field(default_factory=tuple)
+    host: str = "0.0.0.0"
+    port: int = 7100
+    metrics_port: int | None = None
+    max_backlog: int = 4
+    max_message_mb: int = 64
+    threads: int = 32
+    grace_seconds: float = 10.0
+    port_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.threads < self.workers + 4:
+            raise ValueError(
+                f"--threads {self.threads} is too few for {self.workers} plan streams; "
+                f"use at least {self.workers + 4}"
+            )
+
+
+class SchedulerServer(GrpcProcess):
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.ps = PSClient(list(config.ps)) if config.ps else None
+        scheduler = Scheduler(config.workers, config.cache_rows, config.mode)
+        self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
+        self.metrics = SchedulerMetrics(config.mode)
+        self.stopping = threading.Event()
+        self.servicer = SchedulerServicer(self.barrier, self.metrics, config.table, self.stopping)
+        super().__init__(
+            name="scheduler",
+            host=config.host,
+            port=config.port,
+            threads=config.threads,
+            max_message_bytes=config.max_message_mb * 2**20,
+            service_names=(SERVICE_NAME,),
+            registry=self.metrics.registry,
+            metrics_port=config.metrics_port,
+            port_file=config.port_file,
+            grace_seconds=config.grace_seconds,
+        )
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
+
+    def _commit(self, iteration: int) -> None:
+        """Every worker reported ``iteration``: commit it on every PS shard."""
+        if self.ps is not None:
+            self.ps.commit(iteration)
+        log.info("committed iteration %d", iteration)
+
+    def start(self) -> None:
+        super().start()
+        log.info("config %s", asdict(self.config))
+
+    def before_stop(self) -> None:
+        self.stopping.set()
+        self.barrier.wake_all()
+
+    def stop(self, grace: float | None = None) -> None:
+        super().stop(grace)
+        if self.ps is not None:
+            self.ps.close()
+
+
+def serve(config: SchedulerConfig) -> int:
+    return serve_until_signal(SchedulerServer(config))

@@ -1,0 +1,170 @@
+"""gRPC servicer of heraldps.v1.Scheduler: wire <-> the barrier and scheduler core."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from heraldps import wire
+from heraldps.errors import HeraldError, InvalidArgument
+from heraldps.status import status_of, unary_handler
+from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.barrier import Barrier
+from scheduler_service.batch import Batch
+from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.plan import CommPlan
+
+log = logging.getLogger(__name__)
+
+WATCH_POLL_SECONDS = 0.5
+
+
+def plan_to_proto(plan: CommPlan, table: str) -> scheduler_pb2.CommPlan:
+    return scheduler_pb2.CommPlan(
+        iteration=plan.iteration,
+        worker_id=plan.worker,
+        table=table,
+        samples=wire.encode_keys(plan.samples),
+        evict=wire.encode_keys(plan.evict),
+        pull=wire.encode_keys(plan.pull),
+        update_local=wire.encode_keys(plan.update_local),
+        push_grads=wire.encode_keys(plan.push_grads),
+        write_back=wire.encode_keys(plan.write_back),
+        final_flush=plan.final_flush,
+    )
+
+
+def plan_from_proto(msg: scheduler_pb2.CommPlan) -> CommPlan:
+    return CommPlan(
+        iteration=msg.iteration,
+        worker=msg.worker_id,
+        samples=wire.decode_keys(msg.samples, "samples"),
+        evict=wire.decode_keys(msg.evict, "evict"),
+        pull=wire.decode_keys(msg.pull, "pull"),
+        update_local=wire.decode_keys(msg.update_local, "update_local"),
+        push_grads=wire.decode_keys(msg.push_grads, "push_grads"),
+        write_back=wire.decode_keys(msg.write_back, "write_back"),
+        final_flush=msg.final_flush,
+    )
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(
+        self, barrier: Barrier, metrics: SchedulerMetrics, table: str, stopping: threading.Event
+    ) -> None:
+        self.barrier = barrier
+        self.metrics = metrics
+        self.table = table
+        self.stopping = stopping
+
+    def record_rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        self.metrics.requests.labels(method, code.name).inc()
+        self.metrics.latency.labels(method).observe(seconds)
+
+    def _observe(self, plans: list[CommPlan]) -> None:
+        m = self.metrics
+        for plan in plans:
+            m.planned_rows.labels(m.mode, "pull").inc(plan.pull.shape[0])
+            m.planned_rows.labels(m.mode, "grad_push").inc(plan.push_grads.shape[0])
+            m.planned_rows.labels(m.mode, "write_back").inc(plan.write_back.shape[0])
+            trained = plan.update_local.shape[0] + plan.push_grads.shape[0]
+            if trained:
+                m.hit_ratio.labels(str(plan.worker)).set(1 - plan.pull.shape[0] / trained)
+        m.backlog.set(self.barrier.backlog)
+
+    @unary_handler
+    def RegisterWorker(
+        self, request: scheduler_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.RegisterWorkerResponse:
+        self.barrier.register(request.worker_id)
+        log.info("worker %d registered", request.worker_id)
+        s = self.barrier.scheduler
+        return scheduler_pb2.RegisterWorkerResponse(
+            num_workers=s.num_workers, mode=s.mode, cache_rows=s.mirror.capacity, table=self.table
+        )
+
+    @unary_handler
+    def SubmitBatch(
+        self, request: scheduler_pb2.SubmitBatchRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.SubmitBatchResponse:
+        if request.table and request.table != self.table:
+            raise InvalidArgument(
+                f"this scheduler plans table {self.table!r}, not {request.table!r}"
+            )
+        batch = Batch(
+            request.iteration,
+            wire.decode_keys(request.offsets, "offsets"),
+            wire.decode_keys(request.keys, "keys"),
+            self.barrier.num_workers,
+        )
+        started = time.perf_counter()
+        released = self.barrier.submit(batch)
+        self.metrics.plan_seconds.labels(self.metrics.mode).observe(time.perf_counter() - started)
+        self._observe(released)
+        return scheduler_pb2.SubmitBatchResponse(
+            released_iteration=released[0].iteration if released else -1
+        )
+
+    @unary_handler
+    def Finish(
+        self, request: scheduler_pb2.FinishRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.FinishResponse:
+        self._observe(self.barrier.finish())
+        self.metrics.final_flush.set(self.barrier.final_flush)
+        return scheduler_pb2.FinishResponse(final_flush=self.barrier.final_flush)
+
+    def WatchPlans(
+        self, request: scheduler_pb2.WatchPlansRequest, context: grpc.ServicerContext
+    ) -> Iterator[scheduler_pb2.CommPlan]:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            iteration = self.barrier.committed + 1
+            while context.is_active() and not self.stopping.is_set():
+                plan = self.barrier.next_plan(request.worker_id, iteration, WATCH_POLL_SECONDS)
+                if plan is None:
+                    if self.barrier.is_over(iteration):
+                        return
+                    continue
+                yield plan_to_proto(plan, self.table)
+                if plan.final_flush:
+                    return
+                iteration += 1
+        except HeraldError as exc:
+            code = status_of(exc)
+            context.abort(code, str(exc))
+        finally:
+            self.record_rpc("WatchPlans", code, time.perf_counter() - started)
+
+    @unary_handler
+    def ReportDone(
+        self, request: scheduler_pb2.ReportDoneRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.ReportDoneResponse:
+        committed = self.barrier.report_done(request.worker_id, request.iteration)
+        m, c, worker = self.metrics, request.counters, str(request.worker_id)
+        m.reported_rows.labels(m.mode, worker, "pull").inc(c.pulled_rows)
+        m.reported_rows.labels(m.mode, worker, "grad_push").inc(c.pushed_gradient_rows)
+        m.reported_rows.labels(m.mode, worker, "write_back").inc(c.written_back_rows)
+        if committed:
+            m.committed.set(request.iteration)
+            m.backlog.set(self.barrier.backlog)
+        return scheduler_pb2.ReportDoneResponse(committed=committed)
+
+    @unary_handler
+    def GetStatus(
+        self, request: scheduler_pb2.GetStatusRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.SchedulerStatus:
+        b = self.barrier
+        next_batch = b.scheduler.next_iteration
+        return scheduler_pb2.SchedulerStatus(
+            num_workers=b.num_workers,
+            registered_workers=sorted(b.registered),
+            committed_iteration=b.committed,
+            next_batch_iteration=0 if next_batch is None else next_batch,
+            backlog=b.backlog,
+            finished=b.finished,
+        )

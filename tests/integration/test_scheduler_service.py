@@ -1,0 +1,177 @@
+"""A real scheduler server, real PS shards and worker threads following the plan stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from heraldps import wire
+from heraldps.optim import SGD
+from heraldps.v1 import ps_pb2, scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.batch import Batch
+from scheduler_service.scheduler import Scheduler
+from scheduler_service.server import SchedulerConfig, SchedulerServer
+from scheduler_service.servicer import plan_from_proto
+from tests.conftest import ClusterFactory
+
+WORKERS, PER_WORKER, CAPACITY = 3, 4, 40
+
+
+def make_batches(count: int) -> list[Batch]:
+    rng = np.random.default_rng(11)
+    out = []
+    for t in range(count):
+        lens = rng.integers(1, 4, WORKERS * PER_WORKER)
+        offsets = np.concatenate([[0], np.cumsum(lens)])
+        out.append(Batch.from_arrays(t, offsets, rng.integers(0, 30, int(offsets[-1])), WORKERS))
+    return out
+
+
+@pytest.fixture
+def scheduler(cluster: ClusterFactory) -> Iterator[tuple[SchedulerServer, grpc.Channel]]:
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    server = SchedulerServer(
+        SchedulerConfig(
+            workers=WORKERS,
+            cache_rows=CAPACITY,
+            mode="herald",
+            ps=tuple(ps.addresses),
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            max_backlog=2,
+            grace_seconds=1,
+        )  # fmt: skip
+    )
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    yield server, channel
+    channel.close()
+    server.stop(grace=0)
+
+
+def submit(stub: scheduler_pb2_grpc.SchedulerStub, batch: Batch) -> None:
+    request = scheduler_pb2.SubmitBatchRequest(
+        iteration=batch.iteration, offsets=wire.encode_keys(batch.offsets),
+        keys=wire.encode_keys(batch.keys), table="emb",
+    )  # fmt: skip
+    while True:
+        try:
+            stub.SubmitBatch(request)
+            return
+        except grpc.RpcError as err:  # back-pressure: the backlog is full
+            if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            time.sleep(0.02)
+
+
+def test_plans_flow_commit_on_the_ps_and_match_the_core(
+    scheduler: tuple[SchedulerServer, grpc.Channel], cluster: ClusterFactory
+) -> None:
+    server, channel = scheduler
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    batches = make_batches(6)
+    received: dict[int, list[scheduler_pb2.CommPlan]] = {w: [] for w in range(WORKERS)}
+
+    def worker(w: int) -> None:
+        assert (
+            stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=w)).cache_rows
+            == CAPACITY
+        )
+        for plan in stub.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w)):
+            received[w].append(plan)
+            counters = scheduler_pb2.TrafficCounters(
+                pulled_rows=len(plan.pull) // 8, pushed_gradient_rows=len(plan.push_grads) // 8
+            )
+            stub.ReportDone(
+                scheduler_pb2.ReportDoneRequest(
+                    worker_id=w, iteration=plan.iteration, counters=counters
+                )
+            )
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(WORKERS)]
+    for t in threads:
+        t.start()
+    for batch in batches:
+        submit(stub, batch)
+    stub.Finish(scheduler_pb2.FinishRequest())
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+
+    core = Scheduler(WORKERS, CAPACITY, "herald")
+    expected = [p for b in batches for p in core.submit(b)] + core.finish()
+    for w in range(WORKERS):
+        got = [plan_from_proto(p) for p in received[w]]
+        want = [p for p in expected if p.worker == w]
+        assert len(got) == len(batches)
+        assert all(a.same_as(b) for a, b in zip(got, want, strict=True))
+        assert received[w][-1].final_flush and not received[w][0].final_flush
+    status = stub.GetStatus(scheduler_pb2.GetStatusRequest())
+    assert status.committed_iteration == 5 and status.finished and status.backlog == 0
+    assert server.ps is not None
+    shard_info = server.ps._all_shards("GetShardInfo", ps_pb2.GetShardInfoRequest())
+    assert [i.committed_iteration for i in shard_info] == [5, 5]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
+    assert (
+        f'heraldps_scheduler_planned_rows_total{{kind="pull",mode="herald"}} {core.counts.pulls}.0'
+        in text
+    )
+    assert "heraldps_scheduler_committed_iteration 5.0" in text
+    assert "heraldps_scheduler_plan_seconds_bucket" in text
+
+
+def test_bad_requests(scheduler: tuple[SchedulerServer, grpc.Channel]) -> None:
+    _, channel = scheduler
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+    def code_of(call: object, request: object) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.RpcError) as err:
+            result = call(request)  # type: ignore[operator]
+            if hasattr(result, "__next__"):
+                next(result)
+        return err.value.code(), err.value.details() or ""
+
+    assert (
+        code_of(stub.RegisterWorker, scheduler_pb2.RegisterWorkerRequest(worker_id=7))[0]
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    code, text = code_of(stub.WatchPlans, scheduler_pb2.WatchPlansRequest(worker_id=1))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "RegisterWorker" in text
+    uneven = scheduler_pb2.SubmitBatchRequest(
+        iteration=0, offsets=wire.encode_keys([0, 1, 2]), keys=wire.encode_keys([1, 2])
+    )
+    code, text = code_of(stub.SubmitBatch, uneven)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "split evenly" in text
+    offsets = np.arange(WORKERS * PER_WORKER + 1) * 20
+    too_big = scheduler_pb2.SubmitBatchRequest(
+        iteration=0,
+        offsets=wire.encode_keys(offsets),
+        keys=wire.encode_keys(np.arange(int(offsets[-1]))),
+    )
+    code, text = code_of(stub.SubmitBatch, too_big)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "more than its cache" in text
+    wrong_table = scheduler_pb2.SubmitBatchRequest(iteration=0, table="other")
+    assert code_of(stub.SubmitBatch, wrong_table)[0] == grpc.StatusCode.INVALID_ARGUMENT
+    submit(stub, make_batches(1)[0])
+    later = make_batches(3)[2]
+    code, text = code_of(
+        stub.SubmitBatch,
+        scheduler_pb2.SubmitBatchRequest(
+            iteration=5, offsets=wire.encode_keys(later.offsets), keys=wire.encode_keys(later.keys)
+        ),
+    )
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "expects iteration 1" in text
+    code, text = code_of(stub.ReportDone, scheduler_pb2.ReportDoneRequest(worker_id=0, iteration=3))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert (
+        code_of(stub.ReportDone, scheduler_pb2.ReportDoneRequest(worker_id=-1))[0]
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
