@@ -10,12 +10,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from heraldps.client import PSClient
 from heraldps.init import Normal
 from heraldps.optim import AdaGrad, Adam
+from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
 class Shard:
@@ -152,3 +155,32 @@ def test_quickstart_example_runs(start_cluster: object) -> None:
     assert "table ids: dim 8, 5000 rows" in out.stdout
     for shard in shards:
         assert shard.terminate() == 0
+
+
+def test_scheduler_cli_serves_and_drains(tmp_path: Path) -> None:
+    port_file = tmp_path / "scheduler.port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heraldps.cli", "scheduler", "--workers", "2", "--cache-rows",
+         "100", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        port = int(port_file.read_text().split()[0])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            status = check(health_pb2.HealthCheckRequest(service="heraldps.v1.Scheduler")).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=1))
+            assert list(stub.GetStatus(scheduler_pb2.GetStatusRequest()).registered_workers) == [1]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert "draining" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()

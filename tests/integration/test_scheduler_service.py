@@ -48,7 +48,7 @@ def scheduler(cluster: ClusterFactory) -> Iterator[tuple[SchedulerServer, grpc.C
             metrics_port=0,
             max_backlog=2,
             grace_seconds=1,
-        )  # fmt: skip
+        )
     )
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
