@@ -172,6 +172,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     num_workers,
     capacity,
     holders,
+    present,
     dirty_owner,
     slot_kid,
     prev,
@@ -195,7 +196,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
         bit = np.uint64(1) << np.uint64(w)
         for q in range(wl_offsets[w], wl_offsets[w + 1]):
             k = wl_kids[q]
-            found = _tfind(table, k * stride + w)
+            found = _tfind(table, k * stride + w) if present[k] & bit else -1
             if found >= 0:
                 s = table[found, 1]
                 if holders[k] & bit:
@@ -234,6 +235,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
                     head[w] = -1
                 _tdelete(table, _tfind(table, victim * stride + w))
                 holders[victim] &= ~bit
+                present[victim] &= ~bit
                 evicted[nev] = victim
                 nev += 1
                 ev_counts[w + 1] += 1
@@ -243,6 +245,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
             slot_kid[s] = k
             _tinsert(table, k * stride + w, s)
             holders[k] |= bit
+            present[k] |= bit
             prev[s] = -1
             nxt[s] = head[w]
             if head[w] >= 0:

@@ -41,7 +41,10 @@ class CacheMirror:
         self.capacity = capacity
         self.index = KeyIndex()
         self.kid_key = np.empty(0, np.int64)
-        self.holders = np.empty(0, np.uint64)
+        # holders and present side by side: one cache line per key in cache_ops.
+        self._masks = np.zeros((0, 2), np.uint64)
+        self.holders = self._masks[:, 0]
+        self.present = self._masks[:, 1]
         self.dirty_owner = np.empty(0, np.int64)
         self.stamp = np.empty(0, np.int64)
         self.trainers = np.empty(0, np.uint64)
@@ -63,8 +66,10 @@ class CacheMirror:
         n = len(self.index)
         if n > self.holders.shape[0]:
             cap = max(n, 2 * self.holders.shape[0], 1024)
+            masks = hostmem.zeros((cap, 2), np.uint64)
+            masks[: self._masks.shape[0]] = self._masks
+            self._masks, self.holders, self.present = masks, masks[:, 0], masks[:, 1]
             self.kid_key = _grow(self.kid_key, cap, 0)
-            self.holders = _grow(self.holders, cap, 0)
             self.dirty_owner = _grow(self.dirty_owner, cap, -1)
             self.stamp = _grow(self.stamp, cap, -1)
             self.trainers = _grow(self.trainers, cap, 0)
@@ -222,7 +227,8 @@ class Scheduler:
         # Validated: from here on the mirror changes.
         mirror.reserve_entries(int(wl_kids.shape[0]))
         ev_offsets, evicted, pl_offsets, pulled, dirty_evicted, hits = kernels.cache_ops(
-            wl_offsets, wl_kids, n, mirror.capacity, mirror.holders, mirror.dirty_owner,
+            wl_offsets, wl_kids, n, mirror.capacity, mirror.holders, mirror.present,
+            mirror.dirty_owner,
             mirror.slot_kid, mirror.prev, mirror.nxt, mirror.head, mirror.tail, mirror.used,
             mirror.pool, mirror.table, STRIDE,
         )  # fmt: skip
