@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -49,24 +50,40 @@ class RecordsRpcs(Protocol):
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 
+@contextlib.contextmanager
+def _handling(servicer: RecordsRpcs, name: str, context: grpc.ServicerContext) -> Iterator[None]:
+    started = time.perf_counter()
+    code = grpc.StatusCode.OK
+    try:
+        yield
+    except HeraldError as exc:
+        code = status_of(exc)
+        context.abort(code, str(exc))
+    except Exception:
+        code = grpc.StatusCode.INTERNAL
+        log.exception("%s failed", name)
+        context.abort(code, f"{name}: internal error (see the server's log)")
+    finally:
+        servicer.record_rpc(name, code, time.perf_counter() - started)
+
+
 def unary_handler(method: Handler) -> Handler:
     """Time a unary handler, record it by status code, turn domain errors into statuses."""
-    name = method.__name__
 
     @functools.wraps(method)
     def wrapper(self: RecordsRpcs, request: Any, context: grpc.ServicerContext) -> Any:
-        started = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
+        with _handling(self, method.__name__, context):
             return method(self, request, context)
-        except HeraldError as exc:
-            code = status_of(exc)
-            context.abort(code, str(exc))
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
-            log.exception("%s failed", name)
-            context.abort(code, f"{name}: internal error (see the server's log)")
-        finally:
-            self.record_rpc(name, code, time.perf_counter() - started)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def stream_handler(method: Handler) -> Handler:
+    """``unary_handler`` for server-streaming handlers (generators)."""
+
+    @functools.wraps(method)
+    def wrapper(self: RecordsRpcs, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        with _handling(self, method.__name__, context):
+            yield from method(self, request, context)
 
     return wrapper  # type: ignore[return-value]

@@ -26,7 +26,7 @@ from heraldps.errors import (
     ResourceExhausted,
 )
 from heraldps.spec import TableSpec
-from heraldps.status import status_of, unary_handler
+from heraldps.status import stream_handler, unary_handler
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
 from ps_server import snapshot
 from ps_server.metrics import PSMetrics
@@ -224,36 +224,29 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         log.info("loaded %d rows at iteration %d from %s", rows, iteration, request.path)
         return ps_pb2.LoadResponse(rows=rows, committed_iteration=iteration)
 
+    @stream_handler
     def ExportIncremental(
         self, request: ps_pb2.ExportIncrementalRequest, context: grpc.ServicerContext
     ) -> Iterator[ps_pb2.RowBlock]:
-        started = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
-            if request.block_rows < 0:
-                raise InvalidArgument(f"export: block_rows must be >= 0, got {request.block_rows}")
-            for table, block in self.store.export(request.since_iteration, request.table):
-                # Blocks shrink to fit the message limit for wide rows.
-                row_bytes = 4 * (table.dim + table.state_width) + 24
-                fitting = max(1, int(self.max_message_bytes * 0.9) // row_bytes)
-                block_rows = min(request.block_rows or DEFAULT_EXPORT_BLOCK_ROWS, fitting)
-                for start in range(0, len(block), block_rows):
-                    part = slice(start, start + block_rows)
-                    yield ps_pb2.RowBlock(
-                        table=table.name,
-                        dim=table.dim,
-                        state_width=table.state_width,
-                        keys=wire.encode_keys(block.keys[part]),
-                        values=wire.encode_floats(block.values[part]),
-                        state=wire.encode_floats(block.state[part]),
-                        versions=wire.encode_keys(block.versions[part]),
-                        changed_iterations=wire.encode_keys(block.changed[part]),
-                    )
-        except HeraldError as exc:
-            code = status_of(exc)
-            context.abort(code, str(exc))
-        finally:
-            self.record_rpc("ExportIncremental", code, time.perf_counter() - started)
+        if request.block_rows < 0:
+            raise InvalidArgument(f"export: block_rows must be >= 0, got {request.block_rows}")
+        for table, block in self.store.export(request.since_iteration, request.table):
+            # Blocks shrink to fit the message limit for wide rows.
+            row_bytes = 4 * (table.dim + table.state_width) + 24
+            fitting = max(1, int(self.max_message_bytes * 0.9) // row_bytes)
+            block_rows = min(request.block_rows or DEFAULT_EXPORT_BLOCK_ROWS, fitting)
+            for start in range(0, len(block), block_rows):
+                part = slice(start, start + block_rows)
+                yield ps_pb2.RowBlock(
+                    table=table.name,
+                    dim=table.dim,
+                    state_width=table.state_width,
+                    keys=wire.encode_keys(block.keys[part]),
+                    values=wire.encode_floats(block.values[part]),
+                    state=wire.encode_floats(block.state[part]),
+                    versions=wire.encode_keys(block.versions[part]),
+                    changed_iterations=wire.encode_keys(block.changed[part]),
+                )
 
     @unary_handler
     def GetShardInfo(

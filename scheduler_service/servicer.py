@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import grpc
 
 from heraldps import wire
-from heraldps.errors import HeraldError, InvalidArgument
-from heraldps.status import status_of, unary_handler
+from heraldps.errors import InvalidArgument
+from heraldps.status import stream_handler, unary_handler
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier
 from scheduler_service.batch import Batch
@@ -117,28 +117,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.metrics.final_flush.set(self.barrier.final_flush)
         return scheduler_pb2.FinishResponse(final_flush=self.barrier.final_flush)
 
+    @stream_handler
     def WatchPlans(
         self, request: scheduler_pb2.WatchPlansRequest, context: grpc.ServicerContext
     ) -> Iterator[scheduler_pb2.CommPlan]:
-        started = time.perf_counter()
-        code = grpc.StatusCode.OK
-        try:
-            iteration = self.barrier.committed + 1
-            while context.is_active() and not self.stopping.is_set():
-                plan = self.barrier.next_plan(request.worker_id, iteration, WATCH_POLL_SECONDS)
-                if plan is None:
-                    if self.barrier.is_over(iteration):
-                        return
-                    continue
-                yield plan_to_proto(plan, self.table)
-                if plan.final_flush:
+        iteration = self.barrier.committed + 1
+        while context.is_active() and not self.stopping.is_set():
+            plan = self.barrier.next_plan(request.worker_id, iteration, WATCH_POLL_SECONDS)
+            if plan is None:
+                if self.barrier.is_over(iteration):
                     return
-                iteration += 1
-        except HeraldError as exc:
-            code = status_of(exc)
-            context.abort(code, str(exc))
-        finally:
-            self.record_rpc("WatchPlans", code, time.perf_counter() - started)
+                continue
+            yield plan_to_proto(plan, self.table)
+            if plan.final_flush:
+                return
+            iteration += 1
 
     @unary_handler
     def ReportDone(

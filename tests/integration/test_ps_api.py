@@ -458,3 +458,10 @@ def test_generated_stub_reads_the_hand_encoded_pull(cluster: ClusterFactory) -> 
     assert answer.dim == 3 and answer.state_width == 3
     assert answer.values == values.tobytes() and answer.state == state.tobytes()
     assert answer.versions == versions.tobytes()
+
+
+def test_export_of_an_unknown_table_is_not_found(cluster: ClusterFactory) -> None:
+    _, ps = cluster(1)
+    with pytest.raises(grpc.RpcError) as err:
+        ps.export_incremental(-1, table="nope")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
