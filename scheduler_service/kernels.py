@@ -7,7 +7,9 @@ State layout (owned by :class:`scheduler_service.mirror.CacheMirror`):
   (``stamp``, ``trainers``) and ``seen`` (per-sample dedup stamp);
 - cache entries live in a shared slot pool (``slot_kid``, ``prev``, ``nxt``):
   one doubly linked LRU list per worker (``head`` = most recent);
-- ``(kid * 64 + worker) -> slot`` in an open-addressing table with
+- for up to 16 workers, each key's cache slot per worker sits in the key's own
+  record (``slots[kid, w]``, beside the masks: one memory access per key);
+  beyond that, ``(kid * 64 + worker) -> slot`` in an open-addressing table with
   backward-shift deletion (``table``: [T, 2] of (key, slot), slot -1 empty).
 """
 
@@ -182,6 +184,8 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     used,
     pool,
     table,
+    slots,
+    dense,
     stride,
 ):
     """LRU touches, pulls and evictions of every worker, in first-occurrence order."""
@@ -196,9 +200,13 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
         bit = np.uint64(1) << np.uint64(w)
         for q in range(wl_offsets[w], wl_offsets[w + 1]):
             k = wl_kids[q]
-            found = _tfind(table, k * stride + w) if present[k] & bit else -1
-            if found >= 0:
-                s = table[found, 1]
+            if not present[k] & bit:
+                s = -1
+            elif dense:
+                s = slots[k, w]
+            else:
+                s = table[_tfind(table, k * stride + w), 1]
+            if s >= 0:
                 if holders[k] & bit:
                     hits += 1
                 else:
@@ -233,7 +241,8 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
                     nxt[prev[s]] = -1
                 else:
                     head[w] = -1
-                _tdelete(table, _tfind(table, victim * stride + w))
+                if not dense:
+                    _tdelete(table, _tfind(table, victim * stride + w))
                 holders[victim] &= ~bit
                 present[victim] &= ~bit
                 evicted[nev] = victim
@@ -243,7 +252,10 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
                     dirty_evicted[ndirty] = victim * stride + w
                     ndirty += 1
             slot_kid[s] = k
-            _tinsert(table, k * stride + w, s)
+            if dense:
+                slots[k, w] = s
+            else:
+                _tinsert(table, k * stride + w, s)
             holders[k] |= bit
             present[k] |= bit
             prev[s] = -1

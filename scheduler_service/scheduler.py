@@ -27,6 +27,8 @@ from scheduler_service.plan import CommPlan, TrafficCounts
 
 MAX_WORKERS = 64  # one bit per worker in the mirror's holder masks
 STRIDE = 64  # (kid, worker) packed as kid * STRIDE + worker
+_RECORD_FIELDS = 6
+DENSE_SLOT_WORKERS = 16  # up to this many workers, cache slots live in the key's record
 
 
 class CacheMirror:
@@ -41,14 +43,13 @@ class CacheMirror:
         self.capacity = capacity
         self.index = KeyIndex()
         self.kid_key = np.empty(0, np.int64)
-        # holders and present side by side: one cache line per key in cache_ops.
-        self._masks = np.zeros((0, 2), np.uint64)
-        self.holders = self._masks[:, 0]
-        self.present = self._masks[:, 1]
-        self.dirty_owner = np.empty(0, np.int64)
-        self.stamp = np.empty(0, np.int64)
-        self.trainers = np.empty(0, np.uint64)
-        self.seen = np.empty(0, np.int64)
+        # One record per key, so every stage touches one place in memory per key:
+        # holders, present, trainers (masks), stamp, seen (scratch stamps),
+        # dirty_owner, then (up to 16 workers) the key's cache slot in each
+        # worker as int32.
+        self.dense = num_workers <= DENSE_SLOT_WORKERS
+        self._record_width = _RECORD_FIELDS + (DENSE_SLOT_WORKERS // 2 if self.dense else 0)
+        self._set_records(np.zeros((0, self._record_width), np.int64))
         self.slot_kid = np.empty(0, np.int64)
         self.prev = np.empty(0, np.int64)
         self.nxt = np.empty(0, np.int64)
@@ -66,16 +67,26 @@ class CacheMirror:
         n = len(self.index)
         if n > self.holders.shape[0]:
             cap = max(n, 2 * self.holders.shape[0], 1024)
-            masks = hostmem.zeros((cap, 2), np.uint64)
-            masks[: self._masks.shape[0]] = self._masks
-            self._masks, self.holders, self.present = masks, masks[:, 0], masks[:, 1]
+            records = hostmem.zeros((cap, self._record_width), np.int64)
+            old = self._records.shape[0]
+            records[:old] = self._records
+            records[old:, 3:6] = -1  # stamp, seen: never; dirty_owner: nobody
+            self._set_records(records)
             self.kid_key = _grow(self.kid_key, cap, 0)
-            self.dirty_owner = _grow(self.dirty_owner, cap, -1)
-            self.stamp = _grow(self.stamp, cap, -1)
-            self.trainers = _grow(self.trainers, cap, 0)
-            self.seen = _grow(self.seen, cap, -1)
         self.kid_key[kids] = keys
         return kids
+
+    def _set_records(self, records: npt.NDArray[np.int64]) -> None:
+        self._records = records
+        as_unsigned = records.view(np.uint64)
+        self.holders, self.present = as_unsigned[:, 0], as_unsigned[:, 1]
+        self.trainers = as_unsigned[:, 2]
+        self.stamp, self.seen, self.dirty_owner = records[:, 3], records[:, 4], records[:, 5]
+        if self.dense:
+            first = 2 * _RECORD_FIELDS
+            self.slots = records.view(np.int32)[:, first : first + self.num_workers]
+        else:
+            self.slots = np.zeros((1, 1), np.int32)
 
     def reserve_entries(self, new_entries: int) -> None:
         """Room for ``new_entries`` more cache entries in the slot pool and the table."""
@@ -85,7 +96,7 @@ class CacheMirror:
             self.slot_kid = _grow(self.slot_kid, cap, -1)
             self.prev = _grow(self.prev, cap, -1)
             self.nxt = _grow(self.nxt, cap, -1)
-        if 2 * need > self.table.shape[0]:
+        if not self.dense and 2 * need > self.table.shape[0]:
             size = self.table.shape[0]
             while size < 2 * need:
                 size *= 2
@@ -230,7 +241,7 @@ class Scheduler:
             wl_offsets, wl_kids, n, mirror.capacity, mirror.holders, mirror.present,
             mirror.dirty_owner,
             mirror.slot_kid, mirror.prev, mirror.nxt, mirror.head, mirror.tail, mirror.used,
-            mirror.pool, mirror.table, STRIDE,
+            mirror.pool, mirror.table, mirror.slots, mirror.dense, STRIDE,
         )  # fmt: skip
         co = kernels.co_trained(wl_kids, mirror.trainers)
         wb_prev, wb_now = kernels.settle(

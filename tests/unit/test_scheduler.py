@@ -151,3 +151,14 @@ def test_bad_batches() -> None:
         Scheduler(65, 3)
     with pytest.raises(InvalidArgument, match="unknown mode"):
         Scheduler(2, 3, "fastest")
+
+
+@pytest.mark.parametrize("mode", ["naive", "herald"])
+def test_many_workers_use_the_slot_table_and_still_equal_the_reference(mode: str) -> None:
+    """Above 16 workers the mirror keeps cache slots in a hash table instead of key records."""
+    batches = random_batches(3, 10, 20, 3, 4, 400)
+    fast, ref = Scheduler(20, 14, mode), ReferenceScheduler(20, 14, *PARTS[mode])
+    assert not fast.mirror.dense
+    for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
+        assert a.same_as(b)
+    assert fast.counts == ref.counts and fast.counts.evictions > 0
