@@ -75,6 +75,8 @@ class Barrier:
                     f"{self.max_backlog}); retry after the workers catch up"
                 )
             released = self.scheduler.submit(batch)
+            if expected is None:  # training may resume at any iteration (e.g. after Load)
+                self.committed = batch.iteration - 1
             self._publish(released)
             return released
 
@@ -102,22 +104,26 @@ class Barrier:
         with self._lock:
             self._changed.notify_all()
 
-    def next_plan(self, worker: int, iteration: int, timeout: float) -> CommPlan | None:
-        """Block until ``worker``'s plan for ``iteration`` may flow; None when training ended
-        or ``timeout`` passed (the caller checks again)."""
+    def next_plan(self, worker: int, iteration: int | None, timeout: float) -> CommPlan | None:
+        """Block until ``worker``'s plan for ``iteration`` (None: the iteration in progress)
+        may flow; None when training ended or ``timeout`` passed (the caller checks again)."""
         self._check_worker(worker)
         with self._lock:
             if worker not in self.registered:
                 raise FailedPrecondition(f"worker {worker} must call RegisterWorker first")
 
+            def wanted() -> int:
+                return self.committed + 1 if iteration is None else iteration
+
             def ready() -> bool:
-                return (iteration in self._plans and self.committed >= iteration - 1) or (
-                    self.finished and iteration not in self._plans
+                it = wanted()
+                return (it in self._plans and self.committed >= it - 1) or (
+                    self.finished and it not in self._plans
                 )
 
             if not self._changed.wait_for(ready, timeout=timeout):
                 return None
-            plans = self._plans.get(iteration)
+            plans = self._plans.get(wanted())
             return None if plans is None else plans[worker]
 
     def report_done(self, worker: int, iteration: int) -> bool:
@@ -145,6 +151,7 @@ class Barrier:
             self._changed.notify_all()
         return True
 
-    def is_over(self, iteration: int) -> bool:
+    def is_over(self, iteration: int | None) -> bool:
         with self._lock:
-            return self.finished and iteration not in self._plans
+            it = self.committed + 1 if iteration is None else iteration
+            return self.finished and it not in self._plans

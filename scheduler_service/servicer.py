@@ -121,7 +121,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def WatchPlans(
         self, request: scheduler_pb2.WatchPlansRequest, context: grpc.ServicerContext
     ) -> Iterator[scheduler_pb2.CommPlan]:
-        iteration = self.barrier.committed + 1
+        iteration: int | None = None  # the iteration in progress, once batches arrive
         while context.is_active() and not self.stopping.is_set():
             plan = self.barrier.next_plan(request.worker_id, iteration, WATCH_POLL_SECONDS)
             if plan is None:
@@ -131,7 +131,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             yield plan_to_proto(plan, self.table)
             if plan.final_flush:
                 return
-            iteration += 1
+            iteration = plan.iteration + 1
 
     @unary_handler
     def ReportDone(

@@ -23,10 +23,10 @@ from tests.conftest import ClusterFactory
 WORKERS, PER_WORKER, CAPACITY = 3, 4, 40
 
 
-def make_batches(count: int) -> list[Batch]:
+def make_batches(count: int, first: int = 0) -> list[Batch]:
     rng = np.random.default_rng(11)
     out = []
-    for t in range(count):
+    for t in range(first, first + count):
         lens = rng.integers(1, 4, WORKERS * PER_WORKER)
         offsets = np.concatenate([[0], np.cumsum(lens)])
         out.append(Batch.from_arrays(t, offsets, rng.integers(0, 30, int(offsets[-1])), WORKERS))
@@ -72,12 +72,14 @@ def submit(stub: scheduler_pb2_grpc.SchedulerStub, batch: Batch) -> None:
             time.sleep(0.02)
 
 
+@pytest.mark.parametrize("first", [0, 10])
 def test_plans_flow_commit_on_the_ps_and_match_the_core(
-    scheduler: tuple[SchedulerServer, grpc.Channel], cluster: ClusterFactory
+    scheduler: tuple[SchedulerServer, grpc.Channel], first: int
 ) -> None:
+    """Workers watch before any batch exists; training may start at any iteration."""
     server, channel = scheduler
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
-    batches = make_batches(6)
+    batches = make_batches(6, first)
     received: dict[int, list[scheduler_pb2.CommPlan]] = {w: [] for w in range(WORKERS)}
 
     def worker(w: int) -> None:
@@ -115,16 +117,17 @@ def test_plans_flow_commit_on_the_ps_and_match_the_core(
         assert all(a.same_as(b) for a, b in zip(got, want, strict=True))
         assert received[w][-1].final_flush and not received[w][0].final_flush
     status = stub.GetStatus(scheduler_pb2.GetStatusRequest())
-    assert status.committed_iteration == 5 and status.finished and status.backlog == 0
+    last = first + 5
+    assert status.committed_iteration == last and status.finished and status.backlog == 0
     assert server.ps is not None
     shard_info = server.ps._all_shards("GetShardInfo", ps_pb2.GetShardInfoRequest())
-    assert [i.committed_iteration for i in shard_info] == [5, 5]
+    assert [i.committed_iteration for i in shard_info] == [last, last]
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
     assert (
         f'heraldps_scheduler_planned_rows_total{{kind="pull",mode="herald"}} {core.counts.pulls}.0'
         in text
     )
-    assert "heraldps_scheduler_committed_iteration 5.0" in text
+    assert f"heraldps_scheduler_committed_iteration {last}.0" in text
     assert "heraldps_scheduler_plan_seconds_bucket" in text
 
 
