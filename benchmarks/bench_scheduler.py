@@ -81,7 +81,7 @@ def measure(workers: int, per_worker: int, batches: int, ref_batches: int) -> di
     }
     if ref_batches:
         ref = time_submits(
-            ReferenceScheduler(workers, capacity, "location_aware", "on_demand"),
+            ReferenceScheduler.for_mode(workers, capacity, "herald"),
             data[:ref_batches],
         )
         result["reference_batches"] = ref_batches

@@ -18,6 +18,14 @@ from heraldps.errors import InvalidArgument
 from scheduler_service.batch import Batch
 from scheduler_service.plan import CommPlan, TrafficCounts
 
+# Herald Table 1's modes as (partition, sync).
+MODE_PARTS = {
+    "naive": ("sequential", "naive"),
+    "on_demand": ("sequential", "on_demand"),
+    "location_aware": ("location_aware", "naive"),
+    "herald": ("location_aware", "on_demand"),
+}
+
 
 @dataclass
 class CachedRow:
@@ -38,6 +46,11 @@ class ReferenceScheduler:
         self.ps_version: dict[int, int] = {}  # version the PS holds
         self.pending: list[CommPlan] = []  # plans of the previous iteration (write-backs open)
         self.counts = TrafficCounts()
+
+    @classmethod
+    def for_mode(cls, num_workers: int, capacity: int, mode: str) -> ReferenceScheduler:
+        partition, sync = MODE_PARTS[mode]
+        return cls(num_workers, capacity, partition, sync)
 
     def valid(self, worker: int, key: int) -> bool:
         row = self.caches[worker].get(key)

@@ -104,14 +104,6 @@ class CacheMirror:
             kernels.rehash(self.table, table)
             self.table = table
 
-    def valid_holders(self, key: int) -> list[int]:
-        """Workers holding a valid copy of ``key`` (for tests and debugging)."""
-        kid = int(self.index.lookup(np.array([key], np.int64))[0])
-        if kid < 0:
-            return []
-        mask = int(self.holders[kid])
-        return [w for w in range(self.num_workers) if mask >> w & 1]
-
     def dirty_rows(self) -> int:
         return int((self.dirty_owner[: len(self.index)] >= 0).sum())
 
@@ -281,12 +273,6 @@ class Scheduler:
         released = self._release([np.empty(0, np.int64)] * self.num_workers)
         self.counts.final_flush = self.mirror.dirty_rows()
         return released
-
-    def dirty_keys(self) -> dict[int, npt.NDArray[np.int64]]:
-        """Keys each worker holds dirty (what a final flush writes back)."""
-        n = len(self.mirror.index)
-        owners = self.mirror.dirty_owner[:n]
-        return {w: np.sort(self.mirror.kid_key[:n][owners == w]) for w in range(self.num_workers)}
 
     def _release(self, extra: list[npt.NDArray[np.int64]]) -> list[CommPlan]:
         for plan in self._pending:

@@ -16,12 +16,6 @@ from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-PARTS = {
-    "naive": ("sequential", "naive"),
-    "on_demand": ("sequential", "on_demand"),
-    "location_aware": ("location_aware", "naive"),
-    "herald": ("location_aware", "on_demand"),
-}
 CASES = [("criteo_kaggle_head8k/train.tsv", "criteo"), ("avazu_head9k/train.csv", "avazu")]
 
 
@@ -58,7 +52,7 @@ def test_simulate_cli_counts_equal_the_reference(path: str, fmt: str, tmp_path: 
     assert result["config"]["cache_rows"] == capacity
     for mode, counts in result["modes"].items():
         assert set(counts) == {"pulls", "pushes"}
-        ref = ReferenceScheduler(4, capacity, *PARTS[mode])
+        ref = ReferenceScheduler.for_mode(4, capacity, mode)
         for t, part in enumerate(dataset.batches(256, 6)):
             ref.submit(Batch(t, part.offsets, part.keys, 4))
         ref.finish()

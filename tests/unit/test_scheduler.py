@@ -13,13 +13,6 @@ from scheduler_service.plan import CommPlan
 from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES, Scheduler
 
-PARTS = {
-    "naive": ("sequential", "naive"),
-    "on_demand": ("sequential", "on_demand"),
-    "location_aware": ("location_aware", "naive"),
-    "herald": ("location_aware", "on_demand"),
-}
-
 
 def random_batches(
     seed: int, iterations: int, workers: int, per_worker: int, fields: int, vocab: int
@@ -58,7 +51,7 @@ def test_fast_scheduler_equals_reference(
     batches = random_batches(seed, 8, workers, per_worker, fields, vocab)
     fast, ref = (
         Scheduler(workers, capacity, mode),
-        ReferenceScheduler(workers, capacity, *PARTS[mode]),
+        ReferenceScheduler.for_mode(workers, capacity, mode),
     )
     fast_plans, ref_plans = run(fast, batches), run(ref, batches)
     assert len(fast_plans) == len(ref_plans) == 8 * workers
@@ -157,7 +150,7 @@ def test_bad_batches() -> None:
 def test_many_workers_use_the_slot_table_and_still_equal_the_reference(mode: str) -> None:
     """Above 16 workers the mirror keeps cache slots in a hash table instead of key records."""
     batches = random_batches(3, 10, 20, 3, 4, 400)
-    fast, ref = Scheduler(20, 14, mode), ReferenceScheduler(20, 14, *PARTS[mode])
+    fast, ref = Scheduler(20, 14, mode), ReferenceScheduler.for_mode(20, 14, mode)
     assert not fast.mirror.dense
     for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
         assert a.same_as(b)
