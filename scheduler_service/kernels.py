@@ -318,8 +318,27 @@ def settle(batch_keys, trainers, holders, dirty_owner, dirty_evicted, on_demand,
 
 
 @numba.njit(cache=True, nogil=True)
-def co_trained(wl_kids, trainers):  # type: ignore[no-untyped-def]  # pragma: no cover
-    out = np.empty(wl_kids.shape[0], dtype=np.bool_)
-    for q in range(wl_kids.shape[0]):
-        out[q] = popcount(trainers[wl_kids[q]]) > 1
-    return out
+def split_co_trained(wl_offsets, wl_kids, trainers):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Within each worker's list: keys only it trains first, then co-trained ones (order kept).
+
+    Returns the reordered list and, per worker, where its co-trained keys start.
+    """
+    out = np.empty_like(wl_kids)
+    split = np.empty(wl_offsets.shape[0] - 1, dtype=np.int64)
+    shared = np.empty(wl_kids.shape[0], dtype=np.bool_)
+    for w in range(wl_offsets.shape[0] - 1):
+        local = 0
+        for q in range(wl_offsets[w], wl_offsets[w + 1]):
+            t = trainers[wl_kids[q]]
+            shared[q] = (t & (t - np.uint64(1))) != 0  # more than one bit set
+            local += not shared[q]
+        lo, hi = wl_offsets[w], wl_offsets[w] + local
+        split[w] = hi
+        for q in range(wl_offsets[w], wl_offsets[w + 1]):
+            if shared[q]:
+                out[hi] = wl_kids[q]
+                hi += 1
+            else:
+                out[lo] = wl_kids[q]
+                lo += 1
+    return out, split

@@ -63,6 +63,7 @@ class CacheMirror:
 
     def kids(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Dense ids of ``keys``, registering new ones."""
+        known = len(self.index)
         kids = self.index.insert(keys)
         n = len(self.index)
         if n > self.holders.shape[0]:
@@ -73,7 +74,8 @@ class CacheMirror:
             records[old:, 3:6] = -1  # stamp, seen: never; dirty_owner: nobody
             self._set_records(records)
             self.kid_key = _grow(self.kid_key, cap, 0)
-        self.kid_key[kids] = keys
+        fresh = kids >= known
+        self.kid_key[kids[fresh]] = keys[fresh]
         return kids
 
     def _set_records(self, records: npt.NDArray[np.int64]) -> None:
@@ -235,7 +237,7 @@ class Scheduler:
             mirror.slot_kid, mirror.prev, mirror.nxt, mirror.head, mirror.tail, mirror.used,
             mirror.pool, mirror.table, mirror.slots, mirror.dense, STRIDE,
         )  # fmt: skip
-        co = kernels.co_trained(wl_kids, mirror.trainers)
+        ordered, co_start = kernels.split_co_trained(wl_offsets, wl_kids, mirror.trainers)
         wb_prev, wb_now = kernels.settle(
             batch_keys, mirror.trainers, mirror.holders, mirror.dirty_owner, dirty_evicted,
             self.planner.on_demand, STRIDE,
@@ -243,25 +245,23 @@ class Scheduler:
         self.counts.hits += int(hits)
 
         keys_of = mirror.kid_key
+        evict_keys, pull_keys, trained_keys = keys_of[evicted], keys_of[pulled], keys_of[ordered]
         samples_order = np.argsort(assign, kind="stable")
-        sample_bounds = np.arange(n + 1) * batch.samples_per_worker
+        m = batch.samples_per_worker
         now_by_worker = _split_packed(wb_now, n, keys_of)
-        plans = []
-        for w in range(n):
-            mine = slice(wl_offsets[w], wl_offsets[w + 1])
-            worker_kids, worker_co = wl_kids[mine], co[mine]
-            plans.append(
-                CommPlan(
-                    iteration=batch.iteration,
-                    worker=w,
-                    samples=samples_order[sample_bounds[w] : sample_bounds[w + 1]],
-                    evict=keys_of[evicted[ev_offsets[w] : ev_offsets[w + 1]]],
-                    pull=keys_of[pulled[pl_offsets[w] : pl_offsets[w + 1]]],
-                    update_local=keys_of[worker_kids[~worker_co]],
-                    push_grads=keys_of[worker_kids[worker_co]],
-                    write_back=now_by_worker[w],
-                )
+        plans = [
+            CommPlan(
+                iteration=batch.iteration,
+                worker=w,
+                samples=samples_order[w * m : (w + 1) * m],
+                evict=evict_keys[ev_offsets[w] : ev_offsets[w + 1]],
+                pull=pull_keys[pl_offsets[w] : pl_offsets[w + 1]],
+                update_local=trained_keys[wl_offsets[w] : co_start[w]],
+                push_grads=trained_keys[co_start[w] : wl_offsets[w + 1]],
+                write_back=now_by_worker[w],
             )
+            for w in range(n)
+        ]
         released = self._release(_split_packed(wb_prev, n, keys_of))
         self._pending = plans
         self.next_iteration = batch.iteration + 1
@@ -288,4 +288,7 @@ def _split_packed(
     """``kid * STRIDE + worker`` entries -> sorted keys per worker."""
     workers = packed % STRIDE
     keys = keys_of[packed // STRIDE]
-    return [np.sort(keys[workers == w]) for w in range(num_workers)]
+    order = np.lexsort((keys, workers))
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(workers, minlength=num_workers))))
+    keys = keys[order]
+    return [keys[bounds[w] : bounds[w + 1]] for w in range(num_workers)]
