@@ -31,3 +31,17 @@ def zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         with contextlib.suppress(OSError):  # advice only; THP may be disabled
             mapping.madvise(advice)
     return np.frombuffer(mapping, dtype=dtype).reshape(shape)
+
+
+def grown(array: np.ndarray, capacity: int, fill: int = 0) -> np.ndarray:
+    """A copy of ``array`` with ``capacity`` rows; rows past the old length hold ``fill``.
+
+    Large blocks are fresh anonymous mappings whose untouched pages cost no
+    resident memory, so doubling capacity does not double RSS (unless ``fill``
+    is non-zero, which writes every new row).
+    """
+    out = zeros((capacity, *array.shape[1:]), array.dtype)
+    out[: array.shape[0]] = array
+    if fill:
+        out[array.shape[0] :] = fill
+    return out

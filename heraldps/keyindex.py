@@ -25,7 +25,7 @@ _MIN_CAPACITY = 1024
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _probe(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: no cover
+def probe(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: no cover
     """The slot holding ``key``, or the empty slot where it would go."""
     mask = np.uint64(slots.shape[0] - 1)
     s = splitmix64(np.uint64(key)) & mask
@@ -39,7 +39,7 @@ def _lookup(
     slots: npt.NDArray[np.int64], keys: npt.NDArray[np.int64], out: npt.NDArray[np.int64]
 ) -> None:  # pragma: no cover - compiled
     for i in range(keys.shape[0]):
-        out[i] = slots[_probe(slots, keys[i]), 1]
+        out[i] = slots[probe(slots, keys[i]), 1]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -50,7 +50,7 @@ def _insert(
     out: npt.NDArray[np.int64],
 ) -> int:  # pragma: no cover - compiled
     for i in range(keys.shape[0]):
-        s = _probe(slots, keys[i])
+        s = probe(slots, keys[i])
         if slots[s, 1] < 0:
             slots[s, 0] = keys[i]
             slots[s, 1] = next_row
@@ -59,7 +59,7 @@ def _insert(
     return next_row
 
 
-def _empty_slots(capacity: int) -> npt.NDArray[np.int64]:
+def empty_slot_table(capacity: int) -> npt.NDArray[np.int64]:
     """``[capacity, 2]`` of (key, row); row -1 marks an empty slot. Key and row share
     a cache line, so a probe costs one memory access; big tables use huge pages."""
     slots = hostmem.zeros((capacity, 2), np.int64)
@@ -79,7 +79,7 @@ class KeyIndex:
 
     def __init__(self, expected_rows: int = 0) -> None:
         capacity = _capacity_for(expected_rows)
-        self._slots = _empty_slots(capacity)
+        self._slots = empty_slot_table(capacity)
         self._size = 0
 
     def __len__(self) -> int:
@@ -118,7 +118,7 @@ class KeyIndex:
         occupied = self._slots[:, 1] >= 0
         old_keys = self._slots[occupied, 0]
         old_rows = self._slots[occupied, 1]
-        self._slots = _empty_slots(_capacity_for(rows))
+        self._slots = empty_slot_table(_capacity_for(rows))
         # Re-insert in row order so each key keeps its row number.
         order = np.argsort(old_rows, kind="stable")
         scratch = np.empty(old_keys.shape[0], dtype=np.int64)

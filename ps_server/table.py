@@ -68,25 +68,14 @@ class GradBuffer:
         size = len(self.index)
         if size > self.keys.shape[0]:
             capacity = max(size, 2 * self.keys.shape[0], 256)
-            self.keys = _grown(self.keys, capacity)
-            self.grads = _grown(self.grads, capacity)
+            self.keys = hostmem.grown(self.keys, capacity)
+            self.grads = hostmem.grown(self.grads, capacity)
         self.keys[slots] = keys
         scatter_add_rows(self.grads, slots, grads)
 
     def contents(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         n = len(self)
         return self.keys[:n], self.grads[:n]
-
-
-def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
-    """A copy of ``array`` with ``capacity`` rows; rows past the old length are zero.
-
-    Large blocks are fresh anonymous mappings whose untouched pages cost no
-    resident memory, so doubling capacity does not double RSS.
-    """
-    out = hostmem.zeros((capacity, *array.shape[1:]), dtype=array.dtype)
-    out[: array.shape[0]] = array
-    return out
 
 
 class StagedTable:
@@ -158,11 +147,11 @@ class StagedTable:
         new = self.rows
         if new > self._keys.shape[0]:
             capacity = max(new, 2 * self._keys.shape[0], 1024)
-            self._keys = _grown(self._keys, capacity)
-            self._values = _grown(self._values, capacity)
-            self._state = _grown(self._state, capacity)
-            self._versions = _grown(self._versions, capacity)
-            self._changed = _grown(self._changed, capacity)
+            self._keys = hostmem.grown(self._keys, capacity)
+            self._values = hostmem.grown(self._values, capacity)
+            self._state = hostmem.grown(self._state, capacity)
+            self._versions = hostmem.grown(self._versions, capacity)
+            self._changed = hostmem.grown(self._changed, capacity)
         # Rows old..new-1 were created in first-occurrence order of the absent keys.
         new_keys = np.empty(new - old, dtype=np.int64)
         new_keys[rows[absent] - old] = keys[absent]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from heraldps.keyindex import probe
 from heraldps.sharding import splitmix64
 
 _DEBRUIJN_INT = 0x03F79D71B4CB0A89
@@ -43,24 +44,16 @@ def popcount(x: np.uint64) -> int:  # pragma: no cover - compiled
     return count
 
 
-# ----- (kid, worker) -> slot table: [T, 2] of (key, slot), slot -1 empty -----------
+# ----- (kid, worker) -> slot table: the KeyIndex layout, plus deletion -----------
 @numba.njit(cache=True, nogil=True, inline="always")
 def _tfind(table, key):  # type: ignore[no-untyped-def]  # pragma: no cover
-    mask = np.uint64(table.shape[0] - 1)
-    s = splitmix64(np.uint64(key)) & mask
-    while table[s, 1] >= 0:
-        if table[s, 0] == key:
-            return np.int64(s)
-        s = (s + np.uint64(1)) & mask
-    return np.int64(-1)
+    s = probe(table, key)
+    return np.int64(s) if table[s, 1] >= 0 else np.int64(-1)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _tinsert(table, key, value):  # type: ignore[no-untyped-def]  # pragma: no cover
-    mask = np.uint64(table.shape[0] - 1)
-    s = splitmix64(np.uint64(key)) & mask
-    while table[s, 1] >= 0:
-        s = (s + np.uint64(1)) & mask
+    s = probe(table, key)
     table[s, 0] = key
     table[s, 1] = value
 

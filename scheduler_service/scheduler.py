@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from heraldps import hostmem
 from heraldps.errors import InvalidArgument
-from heraldps.keyindex import KeyIndex
+from heraldps.keyindex import KeyIndex, empty_slot_table
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
 from scheduler_service.plan import CommPlan, TrafficCounts
@@ -57,7 +57,7 @@ class CacheMirror:
         self.tail = np.full(num_workers, -1, np.int64)
         self.used = np.zeros(num_workers, np.int64)
         self.pool = np.zeros(1, np.int64)
-        self.table = _empty_table(1024)
+        self.table = empty_slot_table(1024)
         self.samples_seen = 0
         self.batches_seen = 0
 
@@ -68,12 +68,11 @@ class CacheMirror:
         n = len(self.index)
         if n > self.holders.shape[0]:
             cap = max(n, 2 * self.holders.shape[0], 1024)
-            records = hostmem.zeros((cap, self._record_width), np.int64)
             old = self._records.shape[0]
-            records[:old] = self._records
+            records = hostmem.grown(self._records, cap)
             records[old:, 3:6] = -1  # stamp, seen: never; dirty_owner: nobody
             self._set_records(records)
-            self.kid_key = _grow(self.kid_key, cap, 0)
+            self.kid_key = hostmem.grown(self.kid_key, cap, 0)
         fresh = kids >= known
         self.kid_key[kids[fresh]] = keys[fresh]
         return kids
@@ -95,33 +94,19 @@ class CacheMirror:
         need = int(self.pool[0]) + new_entries
         if need > self.slot_kid.shape[0]:
             cap = max(need, 2 * self.slot_kid.shape[0], 1024)
-            self.slot_kid = _grow(self.slot_kid, cap, -1)
-            self.prev = _grow(self.prev, cap, -1)
-            self.nxt = _grow(self.nxt, cap, -1)
+            self.slot_kid = hostmem.grown(self.slot_kid, cap, -1)
+            self.prev = hostmem.grown(self.prev, cap, -1)
+            self.nxt = hostmem.grown(self.nxt, cap, -1)
         if not self.dense and 2 * need > self.table.shape[0]:
             size = self.table.shape[0]
             while size < 2 * need:
                 size *= 2
-            table = _empty_table(size)
+            table = empty_slot_table(size)
             kernels.rehash(self.table, table)
             self.table = table
 
     def dirty_rows(self) -> int:
         return int((self.dirty_owner[: len(self.index)] >= 0).sum())
-
-
-def _empty_table(size: int) -> npt.NDArray[np.int64]:
-    table = hostmem.zeros((size, 2), np.int64)
-    table[:, 1] = -1
-    return table
-
-
-def _grow(array: np.ndarray, capacity: int, fill: int) -> np.ndarray:
-    out = hostmem.zeros((capacity,), array.dtype)
-    if fill:
-        out[array.shape[0] :] = fill
-    out[: array.shape[0]] = array
-    return out
 
 
 # ----- stages ---------------------------------------------------------------------
