@@ -162,15 +162,18 @@ class PSClient:
                 try:
                     return future.result()
                 except grpc.RpcError as err:
-                    code = err.code() if hasattr(err, "code") else None
-                    if not idempotent or code not in _RETRYABLE or attempt >= self.retries:
-                        raise
-                    delay = self.backoff_seconds * (2**attempt) * (0.5 + random.random())
-                    time.sleep(delay)
+                    self._back_off_or_raise(err, attempt, idempotent)
                     attempt += 1
                     future = rpc.future(request, timeout=self.timeout)
 
         return result
+
+    def _back_off_or_raise(self, err: grpc.RpcError, attempt: int, idempotent: bool) -> None:
+        """Sleep before retry ``attempt + 1``, or re-raise when the call may not be retried."""
+        code = err.code() if hasattr(err, "code") else None
+        if not idempotent or code not in _RETRYABLE or attempt >= self.retries:
+            raise err
+        time.sleep(self.backoff_seconds * (2**attempt) * (0.5 + random.random()))
 
     def _all_shards(self, method: str, request: Any, idempotent: bool = True) -> list[Any]:
         waits = [self._call(s, method, request, idempotent) for s in range(self.num_shards)]
@@ -400,15 +403,14 @@ class PSClient:
         request = ps_pb2.ExportIncrementalRequest(since_iteration=since_iteration, table=table)
         blocks: dict[str, list[ps_pb2.RowBlock]] = {}
         for shard in range(self.num_shards):
-            for attempt in range(self.retries + 1):
+            attempt = 0
+            while True:
                 try:
-                    stream = self._stubs[shard].ExportIncremental(request, timeout=self.timeout)
-                    got = list(stream)
+                    got = list(self._stubs[shard].ExportIncremental(request, timeout=self.timeout))
                     break
                 except grpc.RpcError as err:
-                    if err.code() not in _RETRYABLE or attempt >= self.retries:
-                        raise
-                    time.sleep(self.backoff_seconds * 2**attempt)
+                    self._back_off_or_raise(err, attempt, idempotent=True)
+                    attempt += 1
             for block in got:
                 blocks.setdefault(block.table, []).append(block)
         return {name: _merge_blocks(parts) for name, parts in sorted(blocks.items())}
