@@ -64,11 +64,6 @@ class Barrier:
             if self.finished:
                 raise FailedPrecondition("training was finished; no more batches are accepted")
             expected = self.scheduler.next_iteration
-            if expected is not None and batch.iteration != expected:
-                raise FailedPrecondition(
-                    f"batch for iteration {batch.iteration} is out of order: the scheduler "
-                    f"expects iteration {expected}"
-                )
             if self.backlog >= self.max_backlog:
                 raise ResourceExhausted(
                     f"{self.backlog} iterations are planned but not committed (max "

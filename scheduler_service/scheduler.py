@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps import hostmem
-from heraldps.errors import InvalidArgument
+from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.keyindex import KeyIndex, empty_slot_table
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
@@ -193,9 +193,9 @@ class Scheduler:
         if batch.num_workers != n:
             raise InvalidArgument(f"batch is split over {batch.num_workers} workers, not {n}")
         if self.next_iteration is not None and batch.iteration != self.next_iteration:
-            raise InvalidArgument(
-                f"expected iteration {self.next_iteration}, got {batch.iteration}; "
-                "submit batches in order"
+            raise FailedPrecondition(
+                f"batch for iteration {batch.iteration} is out of order: the scheduler "
+                f"expects iteration {self.next_iteration}"
             )
         kids = mirror.kids(batch.keys)
         # The stamps only tell scratch entries of this batch from older ones, so

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heraldps.errors import InvalidArgument
+from heraldps.errors import FailedPrecondition, InvalidArgument
 from scheduler_service.batch import Batch
 from scheduler_service.plan import CommPlan
 from scheduler_service.reference import ReferenceScheduler
@@ -138,7 +138,7 @@ def test_bad_batches() -> None:
     with pytest.raises(InvalidArgument, match="more than its cache"):
         s.submit(Batch.from_arrays(0, [0, 4, 5], [1, 2, 3, 4, 5], 2))
     s.submit(Batch.from_arrays(0, [0, 1, 2], [1, 2], 2))
-    with pytest.raises(InvalidArgument, match="expected iteration 1"):
+    with pytest.raises(FailedPrecondition, match="expects iteration 1"):
         s.submit(Batch.from_arrays(5, [0, 1, 2], [1, 2], 2))
     with pytest.raises(InvalidArgument, match="workers must be"):
         Scheduler(65, 3)
