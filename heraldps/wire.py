@@ -17,14 +17,24 @@ KEY_DTYPE = np.dtype("<i8")
 FLOAT_DTYPE = np.dtype("<f4")
 
 
+def wire_keys(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Keys (or versions) as a contiguous little-endian int64 array (no copy if already so)."""
+    return np.ascontiguousarray(keys, dtype=KEY_DTYPE)
+
+
+def wire_floats(values: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """Values or state as a contiguous little-endian float32 array (no copy if already so)."""
+    return np.ascontiguousarray(values, dtype=FLOAT_DTYPE)
+
+
 def encode_keys(keys: npt.ArrayLike) -> bytes:
     """Pack int64 keys (or versions) as little-endian bytes."""
-    return np.ascontiguousarray(keys, dtype=KEY_DTYPE).tobytes()
+    return wire_keys(keys).tobytes()
 
 
 def encode_floats(values: npt.ArrayLike) -> bytes:
     """Pack a float32 array (any shape, row-major) as little-endian bytes."""
-    return np.ascontiguousarray(values, dtype=FLOAT_DTYPE).tobytes()
+    return wire_floats(values).tobytes()
 
 
 def decode_keys(data: bytes | memoryview, field: str = "keys") -> npt.NDArray[np.int64]:

@@ -12,11 +12,8 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
-import numpy as np
-import numpy.typing as npt
 
 from heraldps import wire
 from heraldps.errors import (
@@ -36,10 +33,6 @@ from ps_server.table import StagedTable
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPORT_BLOCK_ROWS = 65536
-
-
-def _little_endian(array: npt.NDArray[Any], dtype: type[np.generic]) -> npt.NDArray[Any]:
-    return np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<"))
 
 
 def _os_error(exc: OSError, what: str) -> HeraldError:
@@ -127,9 +120,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         fields = ps_pb2.PullResponse.DESCRIPTOR.fields_by_name
         return wire.encode_message(
             [
-                (fields["values"].number, _little_endian(block.values, np.float32)),
-                (fields["versions"].number, _little_endian(block.versions, np.int64)),
-                (fields["state"].number, _little_endian(block.state, np.float32)),
+                (fields["values"].number, wire.wire_floats(block.values)),
+                (fields["versions"].number, wire.wire_keys(block.versions)),
+                (fields["state"].number, wire.wire_floats(block.state)),
                 (fields["dim"].number, table.dim),
                 (fields["state_width"].number, table.state_width),
             ]
