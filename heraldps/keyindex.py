@@ -19,39 +19,64 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps import hostmem
+from heraldps.prefetch import prefetch
 from heraldps.sharding import splitmix64
 
 _MIN_CAPACITY = 1024
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def probe(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: no cover
-    """The slot holding ``key``, or the empty slot where it would go."""
+def home(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: no cover
+    """The first slot ``key`` probes."""
+    return splitmix64(np.uint64(key)) & np.uint64(slots.shape[0] - 1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def probe_from(
+    slots: npt.NDArray[np.int64], key: np.int64, start: np.uint64
+) -> np.uint64:  # pragma: no cover
+    """The slot holding ``key``, or the empty slot where it would go, from ``start`` on."""
     mask = np.uint64(slots.shape[0] - 1)
-    s = splitmix64(np.uint64(key)) & mask
+    s = start
     while slots[s, 1] >= 0 and slots[s, 0] != key:
         s = (s + np.uint64(1)) & mask
     return s
 
 
-@numba.njit(cache=True, nogil=True)
-def _lookup(
-    slots: npt.NDArray[np.int64], keys: npt.NDArray[np.int64], out: npt.NDArray[np.int64]
-) -> None:  # pragma: no cover - compiled
-    for i in range(keys.shape[0]):
-        out[i] = slots[probe(slots, keys[i]), 1]
+@numba.njit(cache=True, nogil=True, inline="always")
+def probe(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: no cover
+    """The slot holding ``key``, or the empty slot where it would go."""
+    return probe_from(slots, key, home(slots, key))
+
+
+# Keys probed ahead of the one being resolved: their home slots are prefetched
+# so the cache misses of a batch overlap (a power of two: the ring index masks).
+PREFETCH_DISTANCE = 16
 
 
 @numba.njit(cache=True, nogil=True)
-def _insert(
+def _resolve(
     slots: npt.NDArray[np.int64],
     keys: npt.NDArray[np.int64],
+    add: bool,
     next_row: int,
     out: npt.NDArray[np.int64],
 ) -> int:  # pragma: no cover - compiled
-    for i in range(keys.shape[0]):
-        s = probe(slots, keys[i])
-        if slots[s, 1] < 0:
+    """Row of every key (-1 if absent and not ``add``); returns the next free row."""
+    n = keys.shape[0]
+    ahead = np.empty(PREFETCH_DISTANCE, dtype=np.uint64)
+    ring = PREFETCH_DISTANCE - 1
+    for i in range(min(PREFETCH_DISTANCE, n)):
+        ahead[i] = home(slots, keys[i])
+        prefetch(slots, ahead[i])
+    for i in range(n):
+        start = ahead[i & ring]
+        j = i + PREFETCH_DISTANCE
+        if j < n:
+            ahead[j & ring] = home(slots, keys[j])
+            prefetch(slots, ahead[j & ring])
+        s = probe_from(slots, keys[i], start)
+        if add and slots[s, 1] < 0:
             slots[s, 0] = keys[i]
             slots[s, 1] = next_row
             next_row += 1
@@ -99,7 +124,7 @@ class KeyIndex:
         """Row of every key, -1 where absent."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         out = np.empty(keys.shape[0], dtype=np.int64)
-        _lookup(self._slots, keys, out)
+        _resolve(self._slots, keys, False, 0, out)
         return out
 
     def insert(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -107,7 +132,7 @@ class KeyIndex:
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         self._reserve(self._size + keys.shape[0])
         out = np.empty(keys.shape[0], dtype=np.int64)
-        self._size = int(_insert(self._slots, keys, self._size, out))
+        self._size = int(_resolve(self._slots, keys, True, self._size, out))
         return out
 
     def _reserve(self, rows: int) -> None:
@@ -122,7 +147,7 @@ class KeyIndex:
         # Re-insert in row order so each key keeps its row number.
         order = np.argsort(old_rows, kind="stable")
         scratch = np.empty(old_keys.shape[0], dtype=np.int64)
-        _insert(self._slots, old_keys[order], 0, scratch)
+        _resolve(self._slots, old_keys[order], True, 0, scratch)
 
 
 def distinct(

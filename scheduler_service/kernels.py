@@ -1,16 +1,10 @@
 """Compiled kernels of the fast scheduler (numba, GIL released).
 
-State layout (owned by :class:`scheduler_service.mirror.CacheMirror`):
-- every key seen gets a dense id ``kid``; per kid: ``holders`` (bit w set when
-  worker w holds a valid copy; hence at most 64 workers), ``dirty_owner``
-  (worker holding the only latest copy, -1 none), per-batch scratch
-  (``stamp``, ``trainers``) and ``seen`` (per-sample dedup stamp);
-- cache entries live in a shared slot pool (``slot_kid``, ``prev``, ``nxt``):
-  one doubly linked LRU list per worker (``head`` = most recent);
-- for up to 16 workers, each key's cache slot per worker sits in the key's own
-  record (``slots[kid, w]``, beside the masks: one memory access per key);
-  beyond that, ``(kid * 64 + worker) -> slot`` in an open-addressing table with
-  backward-shift deletion (``table``: [T, 2] of (key, slot), slot -1 empty).
+They work on the state of :class:`scheduler_service.mirror.CacheMirror` (its
+docstring describes the per-key records and the per-worker LRU queues).
+Pairs of (kid, worker) travel packed as ``kid * STRIDE + worker``. Above 16
+workers a key's LRU position in a worker lives in an open-addressing table
+(the KeyIndex layout, plus backward-shift deletion) keyed by that packing.
 """
 
 from __future__ import annotations
@@ -19,8 +13,11 @@ import numba
 import numpy as np
 
 from heraldps.keyindex import probe
+from heraldps.prefetch import prefetch
 from heraldps.sharding import splitmix64
 
+STRIDE = 64  # (kid, worker) packed as kid * STRIDE + worker
+PREFETCH_DISTANCE = 16
 _DEBRUIJN_INT = 0x03F79D71B4CB0A89
 _DEBRUIJN = np.uint64(_DEBRUIJN_INT)
 _BIT_OF = np.zeros(64, dtype=np.int64)
@@ -85,19 +82,72 @@ def rehash(old, new):  # type: ignore[no-untyped-def]  # pragma: no cover
             _tinsert(new, old[s, 0], old[s, 1])
 
 
+# ----- LRU positions: in the key's record (<= 16 workers) or in the table ------------
+@numba.njit(cache=True, nogil=True, inline="always")
+def _position(positions, table, dense, k, w):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Position of kid ``k`` in worker ``w``'s LRU queue, -1 when not cached."""
+    if dense:
+        return np.int64(positions[k, w])
+    s = _tfind(table, k * STRIDE + w)
+    return table[s, 1] if s >= 0 else np.int64(-1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _set_position(positions, table, dense, k, w, position):  # type: ignore[no-untyped-def]  # pragma: no cover
+    if dense:
+        positions[k, w] = position
+    else:
+        _tinsert(table, k * STRIDE + w, position)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _forget_position(positions, table, dense, k, w):  # type: ignore[no-untyped-def]  # pragma: no cover
+    if dense:
+        positions[k, w] = -1
+    else:
+        _tdelete(table, _tfind(table, k * STRIDE + w))
+
+
+@numba.njit(cache=True, nogil=True)
+def compact_queue(w, queue, head, tail, positions, table, dense):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Drop worker ``w``'s stale queue entries and renumber the live ones from 0."""
+    j = 0
+    for position in range(head[w], tail[w]):
+        k = queue[w, position]
+        if _position(positions, table, dense, k, w) == position:
+            queue[w, j] = k
+            _set_position(positions, table, dense, k, w, j)
+            j += 1
+    head[w] = 0
+    tail[w] = j
+
+
+@numba.njit(cache=True, nogil=True)
+def record_keys(kids, keys, known, key_of):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Store the key of every kid registered in this batch (``kid >= known``)."""
+    for i in range(kids.shape[0]):
+        if kids[i] >= known:
+            key_of[kids[i]] = keys[i]
+
+
 # ----- stage 1: partition ----------------------------------------------------
 @numba.njit(cache=True, nogil=True)
 def location_aware_assign(offsets, kids, holders, seen, stamp0, num_workers, per_worker):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Herald Algorithm 1: each sample, in input order, goes to the worker with room
     whose cache holds the most of its distinct keys validly (ties: lowest id)."""
     samples = offsets.shape[0] - 1
+    total = kids.shape[0]
     room = np.full(num_workers, per_worker, dtype=np.int64)
     assign = np.empty(samples, dtype=np.int64)
     scores = np.zeros(num_workers, dtype=np.int64)
+    for p in range(min(PREFETCH_DISTANCE, total)):
+        prefetch(holders, kids[p])
     for i in range(samples):
         scores[:] = 0
         stamp = stamp0 + i
         for p in range(offsets[i], offsets[i + 1]):
+            if p + PREFETCH_DISTANCE < total:
+                prefetch(holders, kids[p + PREFETCH_DISTANCE])
             k = kids[p]
             if seen[k] == stamp:
                 continue
@@ -131,10 +181,14 @@ def worker_lists(offsets, kids, assign, num_workers, stamp, trainers, batch_id):
     pair_kid = np.empty(total, dtype=np.int64)
     nb = 0
     npairs = 0
+    for p in range(min(PREFETCH_DISTANCE, total)):
+        prefetch(stamp, kids[p])
     for i in range(offsets.shape[0] - 1):
         w = assign[i]
         bit = np.uint64(1) << np.uint64(w)
         for p in range(offsets[i], offsets[i + 1]):
+            if p + PREFETCH_DISTANCE < total:
+                prefetch(stamp, kids[p + PREFETCH_DISTANCE])
             k = kids[p]
             if stamp[k] != batch_id:
                 stamp[k] = batch_id
@@ -169,19 +223,20 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     holders,
     present,
     dirty_owner,
-    slot_kid,
-    prev,
-    nxt,
+    key_of,
+    positions,
+    table,
+    dense,
+    queue,
     head,
     tail,
     used,
-    pool,
-    table,
-    slots,
-    dense,
-    stride,
 ):
-    """LRU touches, pulls and evictions of every worker, in first-occurrence order."""
+    """LRU touches, pulls and evictions of every worker, in first-occurrence order.
+
+    Returns (evict offsets, evicted keys, pull offsets, pulled keys, dirty
+    rows evicted as kid*STRIDE+worker, hits).
+    """
     total = wl_kids.shape[0]
     evicted = np.empty(total, dtype=np.int64)
     ev_counts = np.zeros(num_workers + 1, dtype=np.int64)
@@ -189,75 +244,50 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     pl_counts = np.zeros(num_workers + 1, dtype=np.int64)
     dirty_evicted = np.empty(total, dtype=np.int64)
     nev = npl = ndirty = hits = 0
+    for q in range(min(PREFETCH_DISTANCE, total)):
+        prefetch(present, wl_kids[q])
     for w in range(num_workers):
         bit = np.uint64(1) << np.uint64(w)
         for q in range(wl_offsets[w], wl_offsets[w + 1]):
+            if q + PREFETCH_DISTANCE < total:
+                prefetch(present, wl_kids[q + PREFETCH_DISTANCE])
             k = wl_kids[q]
-            if not present[k] & bit:
-                s = -1
-            elif dense:
-                s = slots[k, w]
-            else:
-                s = table[_tfind(table, k * stride + w), 1]
-            if s >= 0:
+            if present[k] & bit:
                 if holders[k] & bit:
                     hits += 1
-                else:
-                    pulled[npl] = k
+                else:  # a stale copy: refresh it in place
+                    pulled[npl] = key_of[k]
                     npl += 1
                     pl_counts[w + 1] += 1
                     holders[k] |= bit
-                if head[w] != s:  # move to front
-                    p, n = prev[s], nxt[s]
-                    nxt[p] = n
-                    if n >= 0:
-                        prev[n] = p
-                    else:
-                        tail[w] = p
-                    prev[s] = -1
-                    nxt[s] = head[w]
-                    prev[head[w]] = s
-                    head[w] = s
-                continue
-            pulled[npl] = k
-            npl += 1
-            pl_counts[w + 1] += 1
-            if used[w] < capacity:
-                s = pool[0]
-                pool[0] += 1
-                used[w] += 1
             else:
-                s = tail[w]
-                victim = slot_kid[s]
-                tail[w] = prev[s]
-                if prev[s] >= 0:
-                    nxt[prev[s]] = -1
-                else:
-                    head[w] = -1
-                if not dense:
-                    _tdelete(table, _tfind(table, victim * stride + w))
-                holders[victim] &= ~bit
-                present[victim] &= ~bit
-                evicted[nev] = victim
-                nev += 1
-                ev_counts[w + 1] += 1
-                if dirty_owner[victim] == w:
-                    dirty_evicted[ndirty] = victim * stride + w
-                    ndirty += 1
-            slot_kid[s] = k
-            if dense:
-                slots[k, w] = s
-            else:
-                _tinsert(table, k * stride + w, s)
-            holders[k] |= bit
-            present[k] |= bit
-            prev[s] = -1
-            nxt[s] = head[w]
-            if head[w] >= 0:
-                prev[head[w]] = s
-            head[w] = s
-            if tail[w] < 0:
-                tail[w] = s
+                pulled[npl] = key_of[k]
+                npl += 1
+                pl_counts[w + 1] += 1
+                if used[w] < capacity:
+                    used[w] += 1
+                else:  # evict the least recently touched: the oldest live queue entry
+                    while True:
+                        position = head[w]
+                        head[w] += 1
+                        victim = queue[w, position]
+                        if _position(positions, table, dense, victim, w) == position:
+                            break
+                    _forget_position(positions, table, dense, victim, w)
+                    holders[victim] &= ~bit
+                    present[victim] &= ~bit
+                    evicted[nev] = key_of[victim]
+                    nev += 1
+                    ev_counts[w + 1] += 1
+                    if dirty_owner[victim] == w:
+                        dirty_evicted[ndirty] = victim * STRIDE + w
+                        ndirty += 1
+                holders[k] |= bit
+                present[k] |= bit
+            position = tail[w]
+            tail[w] += 1
+            queue[w, position] = k
+            _set_position(positions, table, dense, k, w, position)
     return (
         np.cumsum(ev_counts),
         evicted[:nev],
@@ -270,24 +300,29 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
 
 # ----- stage 4: synchronisation ------------------------------------------------
 @numba.njit(cache=True, nogil=True)
-def settle(batch_keys, trainers, holders, dirty_owner, dirty_evicted, on_demand, stride):  # type: ignore[no-untyped-def]  # pragma: no cover
+def settle(batch_keys, trainers, holders, dirty_owner, dirty_evicted, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Write-backs owed by the previous iteration, then this iteration's training effects.
 
-    Returns (previous write-backs as kid*stride+worker, this iteration's
+    Returns (previous write-backs as kid*STRIDE+worker, this iteration's
     write-backs likewise).
     """
-    wb_prev = np.empty(batch_keys.shape[0] + dirty_evicted.shape[0], dtype=np.int64)
+    total = batch_keys.shape[0]
+    wb_prev = np.empty(total + dirty_evicted.shape[0], dtype=np.int64)
     nprev = 0
-    for q in range(batch_keys.shape[0]):  # another worker needs a dirty row now
+    for q in range(min(PREFETCH_DISTANCE, total)):
+        prefetch(dirty_owner, batch_keys[q])
+    for q in range(total):  # another worker needs a dirty row now
+        if q + PREFETCH_DISTANCE < total:
+            prefetch(dirty_owner, batch_keys[q + PREFETCH_DISTANCE])
         k = batch_keys[q]
         owner = dirty_owner[k]
         if owner >= 0 and trainers[k] & ~(np.uint64(1) << np.uint64(owner)):
-            wb_prev[nprev] = k * stride + owner
+            wb_prev[nprev] = k * STRIDE + owner
             nprev += 1
             dirty_owner[k] = -1
     for q in range(dirty_evicted.shape[0]):  # its owner evicts a dirty row now
-        k = dirty_evicted[q] // stride
-        w = dirty_evicted[q] % stride
+        k = dirty_evicted[q] // STRIDE
+        w = dirty_evicted[q] % STRIDE
         if dirty_owner[k] == w:
             wb_prev[nprev] = dirty_evicted[q]
             nprev += 1
@@ -305,33 +340,58 @@ def settle(batch_keys, trainers, holders, dirty_owner, dirty_evicted, on_demand,
         if on_demand:
             dirty_owner[k] = w
         else:
-            wb_now[nnow] = k * stride + w
+            wb_now[nnow] = k * STRIDE + w
             nnow += 1
     return wb_prev[:nprev], wb_now[:nnow]
 
 
+# ----- stage 5: plan lists -------------------------------------------------------
 @numba.njit(cache=True, nogil=True)
-def split_co_trained(wl_offsets, wl_kids, trainers):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Within each worker's list: keys only it trains first, then co-trained ones (order kept).
+def split_co_trained(wl_offsets, wl_kids, trainers, key_of):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Keys of each worker's list: those only it trains first, then co-trained ones.
 
-    Returns the reordered list and, per worker, where its co-trained keys start.
+    Order is kept within each part. Returns the keys and, per worker, where
+    its co-trained keys start.
     """
     out = np.empty_like(wl_kids)
     split = np.empty(wl_offsets.shape[0] - 1, dtype=np.int64)
-    shared = np.empty(wl_kids.shape[0], dtype=np.bool_)
+    total = wl_kids.shape[0]
+    for q in range(min(PREFETCH_DISTANCE, total)):
+        prefetch(trainers, wl_kids[q])
     for w in range(wl_offsets.shape[0] - 1):
         local = 0
         for q in range(wl_offsets[w], wl_offsets[w + 1]):
+            if q + PREFETCH_DISTANCE < total:
+                prefetch(trainers, wl_kids[q + PREFETCH_DISTANCE])
             t = trainers[wl_kids[q]]
-            shared[q] = (t & (t - np.uint64(1))) != 0  # more than one bit set
-            local += not shared[q]
+            local += (t & (t - np.uint64(1))) == 0  # a single bit: only this worker
         lo, hi = wl_offsets[w], wl_offsets[w] + local
         split[w] = hi
         for q in range(wl_offsets[w], wl_offsets[w + 1]):
-            if shared[q]:
-                out[hi] = wl_kids[q]
+            k = wl_kids[q]
+            t = trainers[k]
+            if (t & (t - np.uint64(1))) != 0:
+                out[hi] = key_of[k]
                 hi += 1
             else:
-                out[lo] = wl_kids[q]
+                out[lo] = key_of[k]
                 lo += 1
     return out, split
+
+
+@numba.njit(cache=True, nogil=True)
+def write_back_lists(packed, num_workers, key_of):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """``kid * STRIDE + worker`` entries -> (per-worker offsets, keys ascending per worker)."""
+    counts = np.zeros(num_workers + 1, dtype=np.int64)
+    for q in range(packed.shape[0]):
+        counts[packed[q] % STRIDE + 1] += 1
+    offsets = np.cumsum(counts)
+    fill = offsets[:-1].copy()
+    keys = np.empty(packed.shape[0], dtype=np.int64)
+    for q in range(packed.shape[0]):
+        w = packed[q] % STRIDE
+        keys[fill[w]] = key_of[packed[q] // STRIDE]
+        fill[w] += 1
+    for w in range(num_workers):
+        keys[offsets[w] : offsets[w + 1]].sort()
+    return offsets, keys

@@ -1,7 +1,7 @@
 """The fast scheduler: a pipeline of stages over an exact mirror of every worker cache.
 
 ``Batch`` -> ``Partitioner`` (sequential / location-aware, Herald Algorithm 1)
--> ``CacheMirror.apply`` (LRU touches, pulls, evictions) -> ``SyncPlanner``
+-> ``CacheMirror`` updates (LRU touches, pulls, evictions) -> ``SyncPlanner``
 (naive / on-demand write-backs) -> one ``CommPlan`` per worker. A plan is
 released one batch late: its write-backs depend on who needs which row in
 the next batch (on-demand synchronisation, Herald section 3.1).
@@ -18,95 +18,11 @@ import abc
 import numpy as np
 import numpy.typing as npt
 
-from heraldps import hostmem
 from heraldps.errors import FailedPrecondition, InvalidArgument
-from heraldps.keyindex import KeyIndex, empty_slot_table
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
+from scheduler_service.mirror import CacheMirror
 from scheduler_service.plan import CommPlan, TrafficCounts
-
-MAX_WORKERS = 64  # one bit per worker in the mirror's holder masks
-STRIDE = 64  # (kid, worker) packed as kid * STRIDE + worker
-_RECORD_FIELDS = 6
-DENSE_SLOT_WORKERS = 16  # up to this many workers, cache slots live in the key's record
-
-
-class CacheMirror:
-    """Exact model of every worker's LRU cache: which rows, in which order, valid or dirty."""
-
-    def __init__(self, num_workers: int, capacity: int) -> None:
-        if not 1 <= num_workers <= MAX_WORKERS:
-            raise InvalidArgument(f"workers must be in 1..{MAX_WORKERS}, got {num_workers}")
-        if capacity < 1:
-            raise InvalidArgument(f"cache capacity must be >= 1 row, got {capacity}")
-        self.num_workers = num_workers
-        self.capacity = capacity
-        self.index = KeyIndex()
-        self.kid_key = np.empty(0, np.int64)
-        # One record per key, so every stage touches one place in memory per key:
-        # holders, present, trainers (masks), stamp, seen (scratch stamps),
-        # dirty_owner, then (up to 16 workers) the key's cache slot in each
-        # worker as int32.
-        self.dense = num_workers <= DENSE_SLOT_WORKERS
-        self._record_width = _RECORD_FIELDS + (DENSE_SLOT_WORKERS // 2 if self.dense else 0)
-        self._set_records(np.zeros((0, self._record_width), np.int64))
-        self.slot_kid = np.empty(0, np.int64)
-        self.prev = np.empty(0, np.int64)
-        self.nxt = np.empty(0, np.int64)
-        self.head = np.full(num_workers, -1, np.int64)
-        self.tail = np.full(num_workers, -1, np.int64)
-        self.used = np.zeros(num_workers, np.int64)
-        self.pool = np.zeros(1, np.int64)
-        self.table = empty_slot_table(1024)
-        self.samples_seen = 0
-        self.batches_seen = 0
-
-    def kids(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Dense ids of ``keys``, registering new ones."""
-        known = len(self.index)
-        kids = self.index.insert(keys)
-        n = len(self.index)
-        if n > self.holders.shape[0]:
-            cap = max(n, 2 * self.holders.shape[0], 1024)
-            old = self._records.shape[0]
-            records = hostmem.grown(self._records, cap)
-            records[old:, 3:6] = -1  # stamp, seen: never; dirty_owner: nobody
-            self._set_records(records)
-            self.kid_key = hostmem.grown(self.kid_key, cap, 0)
-        fresh = kids >= known
-        self.kid_key[kids[fresh]] = keys[fresh]
-        return kids
-
-    def _set_records(self, records: npt.NDArray[np.int64]) -> None:
-        self._records = records
-        as_unsigned = records.view(np.uint64)
-        self.holders, self.present = as_unsigned[:, 0], as_unsigned[:, 1]
-        self.trainers = as_unsigned[:, 2]
-        self.stamp, self.seen, self.dirty_owner = records[:, 3], records[:, 4], records[:, 5]
-        if self.dense:
-            first = 2 * _RECORD_FIELDS
-            self.slots = records.view(np.int32)[:, first : first + self.num_workers]
-        else:
-            self.slots = np.zeros((1, 1), np.int32)
-
-    def reserve_entries(self, new_entries: int) -> None:
-        """Room for ``new_entries`` more cache entries in the slot pool and the table."""
-        need = int(self.pool[0]) + new_entries
-        if need > self.slot_kid.shape[0]:
-            cap = max(need, 2 * self.slot_kid.shape[0], 1024)
-            self.slot_kid = hostmem.grown(self.slot_kid, cap, -1)
-            self.prev = hostmem.grown(self.prev, cap, -1)
-            self.nxt = hostmem.grown(self.nxt, cap, -1)
-        if not self.dense and 2 * need > self.table.shape[0]:
-            size = self.table.shape[0]
-            while size < 2 * need:
-                size *= 2
-            table = empty_slot_table(size)
-            kernels.rehash(self.table, table)
-            self.table = table
-
-    def dirty_rows(self) -> int:
-        return int((self.dirty_owner[: len(self.index)] >= 0).sum())
 
 
 # ----- stages ---------------------------------------------------------------------
@@ -215,39 +131,38 @@ class Scheduler:
                 "lower the batch size"
             )
         # Validated: from here on the mirror changes.
-        mirror.reserve_entries(int(wl_kids.shape[0]))
+        mirror.reserve(wl_offsets)
         ev_offsets, evicted, pl_offsets, pulled, dirty_evicted, hits = kernels.cache_ops(
             wl_offsets, wl_kids, n, mirror.capacity, mirror.holders, mirror.present,
-            mirror.dirty_owner,
-            mirror.slot_kid, mirror.prev, mirror.nxt, mirror.head, mirror.tail, mirror.used,
-            mirror.pool, mirror.table, mirror.slots, mirror.dense, STRIDE,
+            mirror.dirty_owner, mirror.key, mirror.positions, mirror.table, mirror.dense,
+            mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
         )  # fmt: skip
-        ordered, co_start = kernels.split_co_trained(wl_offsets, wl_kids, mirror.trainers)
+        trained, co_start = kernels.split_co_trained(
+            wl_offsets, wl_kids, mirror.trainers, mirror.key
+        )
         wb_prev, wb_now = kernels.settle(
             batch_keys, mirror.trainers, mirror.holders, mirror.dirty_owner, dirty_evicted,
-            self.planner.on_demand, STRIDE,
+            self.planner.on_demand,
         )  # fmt: skip
         self.counts.hits += int(hits)
 
-        keys_of = mirror.kid_key
-        evict_keys, pull_keys, trained_keys = keys_of[evicted], keys_of[pulled], keys_of[ordered]
         samples_order = np.argsort(assign, kind="stable")
         m = batch.samples_per_worker
-        now_by_worker = _split_packed(wb_now, n, keys_of)
+        wb_offsets, wb_keys = kernels.write_back_lists(wb_now, n, mirror.key)
         plans = [
             CommPlan(
                 iteration=batch.iteration,
                 worker=w,
                 samples=samples_order[w * m : (w + 1) * m],
-                evict=evict_keys[ev_offsets[w] : ev_offsets[w + 1]],
-                pull=pull_keys[pl_offsets[w] : pl_offsets[w + 1]],
-                update_local=trained_keys[wl_offsets[w] : co_start[w]],
-                push_grads=trained_keys[co_start[w] : wl_offsets[w + 1]],
-                write_back=now_by_worker[w],
+                evict=evicted[ev_offsets[w] : ev_offsets[w + 1]],
+                pull=pulled[pl_offsets[w] : pl_offsets[w + 1]],
+                update_local=trained[wl_offsets[w] : co_start[w]],
+                push_grads=trained[co_start[w] : wl_offsets[w + 1]],
+                write_back=wb_keys[wb_offsets[w] : wb_offsets[w + 1]],
             )
             for w in range(n)
         ]
-        released = self._release(_split_packed(wb_prev, n, keys_of))
+        released = self._release(*kernels.write_back_lists(wb_prev, n, mirror.key))
         self._pending = plans
         self.next_iteration = batch.iteration + 1
         self.counts.iterations += 1
@@ -255,25 +170,22 @@ class Scheduler:
 
     def finish(self) -> list[CommPlan]:
         """Release the last plans; rows still dirty are counted as the final flush."""
-        released = self._release([np.empty(0, np.int64)] * self.num_workers)
+        released = self._release(np.zeros(self.num_workers + 1, np.int64), np.empty(0, np.int64))
         self.counts.final_flush = self.mirror.dirty_rows()
         return released
 
-    def _release(self, extra: list[npt.NDArray[np.int64]]) -> list[CommPlan]:
+    def _release(
+        self, offsets: npt.NDArray[np.int64], keys: npt.NDArray[np.int64]
+    ) -> list[CommPlan]:
+        """Add the write-backs the next batch asked for (``keys`` of worker w at
+        ``offsets[w]:offsets[w + 1]``, ascending) to the pending plans; release them."""
         for plan in self._pending:
-            plan.write_back = np.sort(np.concatenate([plan.write_back, extra[plan.worker]]))
+            extra = keys[offsets[plan.worker] : offsets[plan.worker + 1]]
+            if extra.shape[0]:
+                # Naive sync leaves nothing dirty, on-demand writes nothing back
+                # at once: in practice only one of the two lists is non-empty.
+                own = plan.write_back
+                plan.write_back = np.sort(np.concatenate([own, extra])) if own.shape[0] else extra
             self.counts.add_plan(plan)
         released, self._pending = self._pending, []
         return released
-
-
-def _split_packed(
-    packed: npt.NDArray[np.int64], num_workers: int, keys_of: npt.NDArray[np.int64]
-) -> list[npt.NDArray[np.int64]]:
-    """``kid * STRIDE + worker`` entries -> sorted keys per worker."""
-    workers = packed % STRIDE
-    keys = keys_of[packed // STRIDE]
-    order = np.lexsort((keys, workers))
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(workers, minlength=num_workers))))
-    keys = keys[order]
-    return [keys[bounds[w] : bounds[w + 1]] for w in range(num_workers)]
