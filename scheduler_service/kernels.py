@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from heraldps.keyindex import probe
+from heraldps.keyindex import home, probe
 from heraldps.prefetch import prefetch
 from heraldps.sharding import splitmix64
 
@@ -66,9 +66,9 @@ def _tdelete(table, slot):  # type: ignore[no-untyped-def]  # pragma: no cover
         j = (j + 1) & mask
         if table[j, 1] < 0:
             return
-        home = np.int64(splitmix64(np.uint64(table[j, 0])) & np.uint64(mask))
+        start = np.int64(splitmix64(np.uint64(table[j, 0])) & np.uint64(mask))
         # Move entry j back to i unless its home lies cyclically in (i, j].
-        if (home <= i or home > j) if i <= j else (home <= i and home > j):
+        if (start <= i or start > j) if i <= j else (start <= i and start > j):
             table[i, 0] = table[j, 0]
             table[i, 1] = table[j, 1]
             table[j, 1] = -1
@@ -250,7 +250,10 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
         bit = np.uint64(1) << np.uint64(w)
         for q in range(wl_offsets[w], wl_offsets[w + 1]):
             if q + PREFETCH_DISTANCE < total:
-                prefetch(present, wl_kids[q + PREFETCH_DISTANCE])
+                ahead = wl_kids[q + PREFETCH_DISTANCE]
+                prefetch(present, ahead)
+                if not dense:  # its (kid, worker) slot, if the pair is still this worker's
+                    prefetch(table, home(table, ahead * STRIDE + w))
             k = wl_kids[q]
             if present[k] & bit:
                 if holders[k] & bit:
@@ -300,38 +303,42 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
 
 # ----- stage 4: synchronisation ------------------------------------------------
 @numba.njit(cache=True, nogil=True)
-def settle(batch_keys, trainers, holders, dirty_owner, dirty_evicted, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
+def settle(batch_keys, trainers, holders, dirty_owner, key_of, dirty_evicted, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Write-backs owed by the previous iteration, then this iteration's training effects.
 
-    Returns (previous write-backs as kid*STRIDE+worker, this iteration's
-    write-backs likewise).
+    The previous iteration writes back a dirty row that another worker needs
+    now, or that its owner evicts now. Returns (previous write-backs: worker,
+    key; this iteration's write-backs, naive sync only: worker, key).
     """
     total = batch_keys.shape[0]
-    wb_prev = np.empty(total + dirty_evicted.shape[0], dtype=np.int64)
-    nprev = 0
+    prev_worker = np.empty(total + dirty_evicted.shape[0], dtype=np.int64)
+    prev_key = np.empty(total + dirty_evicted.shape[0], dtype=np.int64)
+    now_worker = np.empty(0 if on_demand else total, dtype=np.int64)
+    now_key = np.empty(0 if on_demand else total, dtype=np.int64)
+    nprev = nnow = 0
+    # Dirty rows their owner evicts now (first: the owner may pull the row back
+    # later in this batch and dirty it again).
+    for q in range(dirty_evicted.shape[0]):
+        k = dirty_evicted[q] // STRIDE
+        w = dirty_evicted[q] % STRIDE
+        if dirty_owner[k] == w:
+            prev_worker[nprev] = w
+            prev_key[nprev] = key_of[k]
+            nprev += 1
+            dirty_owner[k] = -1
     for q in range(min(PREFETCH_DISTANCE, total)):
         prefetch(dirty_owner, batch_keys[q])
-    for q in range(total):  # another worker needs a dirty row now
+    for q in range(total):
         if q + PREFETCH_DISTANCE < total:
             prefetch(dirty_owner, batch_keys[q + PREFETCH_DISTANCE])
         k = batch_keys[q]
         owner = dirty_owner[k]
-        if owner >= 0 and trainers[k] & ~(np.uint64(1) << np.uint64(owner)):
-            wb_prev[nprev] = k * STRIDE + owner
-            nprev += 1
-            dirty_owner[k] = -1
-    for q in range(dirty_evicted.shape[0]):  # its owner evicts a dirty row now
-        k = dirty_evicted[q] // STRIDE
-        w = dirty_evicted[q] % STRIDE
-        if dirty_owner[k] == w:
-            wb_prev[nprev] = dirty_evicted[q]
-            nprev += 1
-            dirty_owner[k] = -1
-    wb_now = np.empty(batch_keys.shape[0], dtype=np.int64)
-    nnow = 0
-    for q in range(batch_keys.shape[0]):
-        k = batch_keys[q]
         t = trainers[k]
+        if owner >= 0 and t & ~(np.uint64(1) << np.uint64(owner)):  # another worker needs it
+            prev_worker[nprev] = owner
+            prev_key[nprev] = key_of[k]
+            nprev += 1
+            dirty_owner[k] = -1
         if popcount(t) > 1:
             holders[k] = 0  # every copy is stale after the commit
             continue
@@ -340,9 +347,10 @@ def settle(batch_keys, trainers, holders, dirty_owner, dirty_evicted, on_demand)
         if on_demand:
             dirty_owner[k] = w
         else:
-            wb_now[nnow] = k * STRIDE + w
+            now_worker[nnow] = w
+            now_key[nnow] = key_of[k]
             nnow += 1
-    return wb_prev[:nprev], wb_now[:nnow]
+    return prev_worker[:nprev], prev_key[:nprev], now_worker[:nnow], now_key[:nnow]
 
 
 # ----- stage 5: plan lists -------------------------------------------------------
@@ -380,18 +388,15 @@ def split_co_trained(wl_offsets, wl_kids, trainers, key_of):  # type: ignore[no-
 
 
 @numba.njit(cache=True, nogil=True)
-def write_back_lists(packed, num_workers, key_of):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """``kid * STRIDE + worker`` entries -> (per-worker offsets, keys ascending per worker)."""
+def group_by_worker(workers, keys, num_workers):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """(per-worker offsets, ``keys`` grouped by worker, order kept within a worker)."""
     counts = np.zeros(num_workers + 1, dtype=np.int64)
-    for q in range(packed.shape[0]):
-        counts[packed[q] % STRIDE + 1] += 1
+    for q in range(workers.shape[0]):
+        counts[workers[q] + 1] += 1
     offsets = np.cumsum(counts)
     fill = offsets[:-1].copy()
-    keys = np.empty(packed.shape[0], dtype=np.int64)
-    for q in range(packed.shape[0]):
-        w = packed[q] % STRIDE
-        keys[fill[w]] = key_of[packed[q] // STRIDE]
-        fill[w] += 1
-    for w in range(num_workers):
-        keys[offsets[w] : offsets[w + 1]].sort()
-    return offsets, keys
+    grouped = np.empty(keys.shape[0], dtype=np.int64)
+    for q in range(workers.shape[0]):
+        grouped[fill[workers[q]]] = keys[q]
+        fill[workers[q]] += 1
+    return offsets, grouped

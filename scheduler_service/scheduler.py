@@ -140,15 +140,15 @@ class Scheduler:
         trained, co_start = kernels.split_co_trained(
             wl_offsets, wl_kids, mirror.trainers, mirror.key
         )
-        wb_prev, wb_now = kernels.settle(
-            batch_keys, mirror.trainers, mirror.holders, mirror.dirty_owner, dirty_evicted,
-            self.planner.on_demand,
+        prev_workers, prev_keys, now_workers, now_keys = kernels.settle(
+            batch_keys, mirror.trainers, mirror.holders, mirror.dirty_owner, mirror.key,
+            dirty_evicted, self.planner.on_demand,
         )  # fmt: skip
         self.counts.hits += int(hits)
 
         samples_order = np.argsort(assign, kind="stable")
         m = batch.samples_per_worker
-        wb_offsets, wb_keys = kernels.write_back_lists(wb_now, n, mirror.key)
+        wb_offsets, wb_keys = _sorted_by_worker(now_workers, now_keys, n)
         plans = [
             CommPlan(
                 iteration=batch.iteration,
@@ -162,7 +162,7 @@ class Scheduler:
             )
             for w in range(n)
         ]
-        released = self._release(*kernels.write_back_lists(wb_prev, n, mirror.key))
+        released = self._release(*_sorted_by_worker(prev_workers, prev_keys, n))
         self._pending = plans
         self.next_iteration = batch.iteration + 1
         self.counts.iterations += 1
@@ -189,3 +189,17 @@ class Scheduler:
             self.counts.add_plan(plan)
         released, self._pending = self._pending, []
         return released
+
+
+def _sorted_by_worker(
+    workers: npt.NDArray[np.int64], keys: npt.NDArray[np.int64], num_workers: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Keys grouped by worker (worker w's at ``offsets[w]:offsets[w + 1]``), ascending.
+
+    NumPy's sort of each group: about 3x faster than numba's on a few hundred keys.
+    """
+    offsets, grouped = kernels.group_by_worker(workers, keys, num_workers)
+    if grouped.shape[0]:
+        for w in range(num_workers):
+            grouped[offsets[w] : offsets[w + 1]].sort()
+    return offsets, grouped

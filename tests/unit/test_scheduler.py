@@ -155,3 +155,18 @@ def test_many_workers_use_the_slot_table_and_still_equal_the_reference(mode: str
     for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
         assert a.same_as(b)
     assert fast.counts == ref.counts and fast.counts.evictions > 0
+
+
+@pytest.mark.parametrize("workers", [3, 20])
+def test_long_runs_compact_the_lru_queues_and_still_equal_the_reference(workers: int) -> None:
+    """Every touch appends to a worker's LRU queue; a full queue is compacted, not grown."""
+    batches = random_batches(11, 500, workers, 4, 6, 90)
+    fast, ref = Scheduler(workers, 24, "herald"), ReferenceScheduler.for_mode(workers, 24, "herald")
+    for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
+        assert a.same_as(b)
+    assert fast.counts == ref.counts and fast.counts.evictions > 0
+    touches = sum(p.update_local.shape[0] + p.push_grads.shape[0] for p in run(
+        Scheduler(workers, 24, "herald"), batches))  # fmt: skip
+    queue = fast.mirror.queue
+    assert touches / workers > 2 * queue.shape[1]  # the queues were compacted several times
+    assert (fast.mirror.queue_tail - fast.mirror.queue_head <= queue.shape[1]).all()
