@@ -222,6 +222,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     capacity,
     holders,
     present,
+    trainers,
     dirty_owner,
     key_of,
     positions,
@@ -234,10 +235,16 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
 ):
     """LRU touches, pulls and evictions of every worker, in first-occurrence order.
 
-    Returns (evict offsets, evicted keys, pull offsets, pulled keys, dirty
-    rows evicted as kid*STRIDE+worker, hits).
+    The same pass splits each worker's keys into those only it trains
+    (first) and co-trained ones, order kept within each part. Returns (evict
+    offsets, evicted keys, pull offsets, pulled keys, trained keys laid out
+    like ``wl_kids``, where each worker's co-trained keys start, dirty rows
+    evicted as kid*STRIDE+worker, hits).
     """
     total = wl_kids.shape[0]
+    trained = np.empty(total, dtype=np.int64)
+    co_trained = np.empty(total, dtype=np.int64)
+    co_start = np.empty(num_workers, dtype=np.int64)
     evicted = np.empty(total, dtype=np.int64)
     ev_counts = np.zeros(num_workers + 1, dtype=np.int64)
     pulled = np.empty(total, dtype=np.int64)
@@ -248,6 +255,8 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
         prefetch(present, wl_kids[q])
     for w in range(num_workers):
         bit = np.uint64(1) << np.uint64(w)
+        nlocal = wl_offsets[w]
+        nco = 0
         for q in range(wl_offsets[w], wl_offsets[w + 1]):
             if q + PREFETCH_DISTANCE < total:
                 ahead = wl_kids[q + PREFETCH_DISTANCE]
@@ -291,11 +300,22 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
             tail[w] += 1
             queue[w, position] = k
             _set_position(positions, table, dense, k, w, position)
+            t = trainers[k]
+            if t & (t - np.uint64(1)):  # more than one bit: co-trained
+                co_trained[nco] = key_of[k]
+                nco += 1
+            else:
+                trained[nlocal] = key_of[k]
+                nlocal += 1
+        co_start[w] = nlocal
+        trained[nlocal : nlocal + nco] = co_trained[:nco]
     return (
         np.cumsum(ev_counts),
         evicted[:nev],
         np.cumsum(pl_counts),
         pulled[:npl],
+        trained,
+        co_start,
         dirty_evicted[:ndirty],
         hits,
     )
@@ -353,40 +373,7 @@ def settle(batch_keys, trainers, holders, dirty_owner, key_of, dirty_evicted, on
     return prev_worker[:nprev], prev_key[:nprev], now_worker[:nnow], now_key[:nnow]
 
 
-# ----- stage 5: plan lists -------------------------------------------------------
-@numba.njit(cache=True, nogil=True)
-def split_co_trained(wl_offsets, wl_kids, trainers, key_of):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Keys of each worker's list: those only it trains first, then co-trained ones.
-
-    Order is kept within each part. Returns the keys and, per worker, where
-    its co-trained keys start.
-    """
-    out = np.empty_like(wl_kids)
-    split = np.empty(wl_offsets.shape[0] - 1, dtype=np.int64)
-    total = wl_kids.shape[0]
-    for q in range(min(PREFETCH_DISTANCE, total)):
-        prefetch(trainers, wl_kids[q])
-    for w in range(wl_offsets.shape[0] - 1):
-        local = 0
-        for q in range(wl_offsets[w], wl_offsets[w + 1]):
-            if q + PREFETCH_DISTANCE < total:
-                prefetch(trainers, wl_kids[q + PREFETCH_DISTANCE])
-            t = trainers[wl_kids[q]]
-            local += (t & (t - np.uint64(1))) == 0  # a single bit: only this worker
-        lo, hi = wl_offsets[w], wl_offsets[w] + local
-        split[w] = hi
-        for q in range(wl_offsets[w], wl_offsets[w + 1]):
-            k = wl_kids[q]
-            t = trainers[k]
-            if (t & (t - np.uint64(1))) != 0:
-                out[hi] = key_of[k]
-                hi += 1
-            else:
-                out[lo] = key_of[k]
-                lo += 1
-    return out, split
-
-
+# ----- stage 5: write-back lists -------------------------------------------------
 @numba.njit(cache=True, nogil=True)
 def group_by_worker(workers, keys, num_workers):  # type: ignore[no-untyped-def]  # pragma: no cover
     """(per-worker offsets, ``keys`` grouped by worker, order kept within a worker)."""

@@ -132,14 +132,12 @@ class Scheduler:
             )
         # Validated: from here on the mirror changes.
         mirror.reserve(wl_offsets)
-        ev_offsets, evicted, pl_offsets, pulled, dirty_evicted, hits = kernels.cache_ops(
+        (ev_offsets, evicted, pl_offsets, pulled, trained, co_start, dirty_evicted,
+         hits) = kernels.cache_ops(
             wl_offsets, wl_kids, n, mirror.capacity, mirror.holders, mirror.present,
-            mirror.dirty_owner, mirror.key, mirror.positions, mirror.table, mirror.dense,
-            mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
+            mirror.trainers, mirror.dirty_owner, mirror.key, mirror.positions, mirror.table,
+            mirror.dense, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
         )  # fmt: skip
-        trained, co_start = kernels.split_co_trained(
-            wl_offsets, wl_kids, mirror.trainers, mirror.key
-        )
         prev_workers, prev_keys, now_workers, now_keys = kernels.settle(
             batch_keys, mirror.trainers, mirror.holders, mirror.dirty_owner, mirror.key,
             dirty_evicted, self.planner.on_demand,
