@@ -7,7 +7,9 @@ compiled loop (numba, GIL released), so no request path walks a Python dict.
 Layout: ``capacity`` slots (a power of two) of (key, row) int64 pairs, row -1
 marking an empty slot, linear probing on ``splitmix64(key)``. Any int64 is a
 valid key. The load factor stays <= 1/2, so a slot costs 16 bytes and a key
-32-64 bytes of index.
+32-64 bytes of index. A batch is resolved with the home slot of the key 16
+places ahead prefetched (``heraldps.prefetch``), so the cache misses of a
+batch overlap instead of queueing one after another.
 Rows are never removed one by one: the stores that use it only grow, or are
 rebuilt whole (load, eviction compaction).
 """
