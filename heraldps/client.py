@@ -291,6 +291,18 @@ class PSClient:
                 )
         return values, versions, state
 
+    def versions(self, table: str, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Clocks ``int64 [n]`` of ``keys`` in order, without their rows (0: never seen)."""
+        keys = _as_keys(keys)
+        out = np.empty(keys.shape[0], dtype=np.int64)
+        pending = []
+        for shard, index in self._chunks(keys, 16):
+            request = ps_pb2.GetVersionsRequest(table=table, keys=wire.encode_keys(keys[index]))
+            pending.append((index, self._call(shard, "GetVersions", request, idempotent=True)))
+        for index, wait in pending:
+            out[index] = wire.decode_keys(wait().versions, "versions")
+        return out
+
     # ----- push / commit / write-back ----------------------------------------
     def push_gradients(
         self, table: str, keys: npt.ArrayLike, grads: npt.ArrayLike, iteration: int

@@ -109,8 +109,11 @@ class SparseDataset:
     """Rows of sparse keys in CSR form, with labels and dense features.
 
     ``keys[offsets[r]:offsets[r + 1]]`` are row ``r``'s keys, in
-    ``sparse_columns`` order, one per non-empty categorical cell. Missing dense
-    cells are 0.0. Equality is identity (arrays make ``==`` ambiguous).
+    ``sparse_columns`` order, one per non-empty categorical cell;
+    ``fields[i]`` is the position in ``sparse_columns`` of the column key
+    ``i`` came from (models need it to place a key's embedding; None for
+    hand-built datasets that do not say). Missing dense cells are 0.0.
+    Equality is identity (arrays make ``==`` ambiguous).
     """
 
     offsets: npt.NDArray[np.int64]
@@ -119,6 +122,7 @@ class SparseDataset:
     dense: npt.NDArray[np.float32]
     sparse_columns: tuple[str, ...]
     dense_columns: tuple[str, ...]
+    fields: npt.NDArray[np.int32] | None = None
 
     def __post_init__(self) -> None:
         _check_dataset(self)
@@ -140,13 +144,15 @@ class SparseDataset:
             )
         offsets = self.offsets[start : stop + 1] - self.offsets[start]
         offsets.flags.writeable = False
+        keys = slice(int(self.offsets[start]), int(self.offsets[stop]))
         return SparseDataset(
             offsets=offsets,
-            keys=self.keys[self.offsets[start] : self.offsets[stop]],
+            keys=self.keys[keys],
             labels=self.labels[start:stop],
             dense=self.dense[start:stop],
             sparse_columns=self.sparse_columns,
             dense_columns=self.dense_columns,
+            fields=None if self.fields is None else self.fields[keys],
         )
 
     def batches(self, batch_size: int, limit: int | None = None) -> Iterator[SparseDataset]:
@@ -177,6 +183,8 @@ def _check_dataset(ds: SparseDataset) -> None:
         problems.append("offsets must be non-decreasing")
     if ds.dense.shape != (rows, len(ds.dense_columns)):
         problems.append(f"dense must have shape (rows, {len(ds.dense_columns)})")
+    if ds.fields is not None and (ds.fields.dtype != np.int32 or ds.fields.shape != ds.keys.shape):
+        problems.append("fields must be int32 with one entry per key")
     if problems:
         raise ValueError("inconsistent SparseDataset: " + "; ".join(problems))
 
@@ -346,8 +354,8 @@ def _column_keys(values: TextArray, column_index: int) -> npt.NDArray[np.int64]:
 
 def _sparse(
     table: _Table, columns: list[int]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """CSR (offsets, keys): row-major, in column order, empty cells skipped."""
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+    """CSR (offsets, keys, field of each key): row-major, in column order, empty cells skipped."""
     matrix = np.zeros((table.cells.shape[0], len(columns)), dtype=np.int64)
     present = np.zeros(matrix.shape, dtype=bool)
     for j, column in enumerate(columns):
@@ -356,7 +364,8 @@ def _sparse(
         present[:, j] = text != ""
     offsets = np.zeros(matrix.shape[0] + 1, dtype=np.int64)
     np.cumsum(present.sum(axis=1), out=offsets[1:])
-    return offsets, matrix[present]
+    fields = np.broadcast_to(np.arange(len(columns), dtype=np.int32), matrix.shape)
+    return offsets, matrix[present], fields[present]
 
 
 def _parse_float(text: str, allow_missing: bool) -> float:
@@ -470,8 +479,10 @@ def read_dataset(
     dense_names = defaults.dense if dense_names is None else dense_names
     label_name = defaults.label if label_column is None else label_column
     sparse, label, dense = _select(table, sparse_names, label_name, dense_names)
-    offsets, keys = _sparse(table, sparse)
+    offsets, keys, fields = _sparse(table, sparse)
     arrays = (offsets, keys, _labels(table, label), _dense(table, dense, defaults.log_dense))
-    for array in arrays:
+    for array in (*arrays, fields):
         array.flags.writeable = False
-    return SparseDataset(*arrays, sparse_columns=sparse_names, dense_columns=dense_names)
+    return SparseDataset(
+        *arrays, sparse_columns=sparse_names, dense_columns=dense_names, fields=fields
+    )

@@ -33,6 +33,12 @@ class PSMetrics:
         self.pulled = Counter(
             "heraldps_ps_pull_keys", "Keys answered by Pull", ["shard", "table"], registry=r
         )
+        self.version_checks = Counter(
+            "heraldps_ps_version_check_keys",
+            "Keys whose clock GetVersions answered",
+            ["shard", "table"],
+            registry=r,
+        )
         self.pushed = Counter(
             "heraldps_ps_push_keys",
             "Gradient rows received by PushGradients",

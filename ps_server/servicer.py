@@ -129,6 +129,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         )
 
     @unary_handler
+    def GetVersions(
+        self, request: ps_pb2.GetVersionsRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.GetVersionsResponse:
+        table = self.store.table(request.table)
+        keys = wire.decode_keys(request.keys)
+        versions = table.versions(keys)
+        self.metrics.version_checks.labels(self.metrics.shard, table.name).inc(keys.shape[0])
+        return ps_pb2.GetVersionsResponse(versions=wire.encode_keys(versions))
+
+    @unary_handler
     def PushGradients(
         self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
     ) -> ps_pb2.PushGradientsResponse:

@@ -183,6 +183,15 @@ class StagedTable:
                 state = np.empty((rows.shape[0], 0), dtype=np.float32)
             return RowBlock(keys, values, state, self._versions[rows], self._changed[rows])
 
+    def versions(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Clock of every key in request order; 0 for unseen keys, which stay unseen."""
+        with self.lock:
+            rows = self._index.lookup(keys)
+            out = np.zeros(keys.shape[0], dtype=np.int64)
+            known = rows >= 0
+            out[known] = self._versions[rows[known]]
+            return out
+
     def push(
         self, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
     ) -> bool:

@@ -200,6 +200,51 @@ class PullResponse(_message.Message):
 Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
 
 @_typing.final
+class GetVersionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    keys: _builtins.bytes
+    """Little-endian int64 keys, n entries. Duplicates are answered each."""
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        keys: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetVersionsRequest: _TypeAlias = GetVersionsRequest  # noqa: Y015
+
+@_typing.final
+class GetVersionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSIONS_FIELD_NUMBER: _builtins.int
+    versions: _builtins.bytes
+    """Little-endian int64 [n]: each row's clock, in request order; 0 for a key
+    the table has never seen.
+    """
+    def __init__(
+        self,
+        *,
+        versions: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["versions", b"versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetVersionsResponse: _TypeAlias = GetVersionsResponse  # noqa: Y015
+
+@_typing.final
 class PushGradientsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -55,6 +55,11 @@ class ParameterServerStub:
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.PullRequest.SerializeToString,
                 response_deserializer=heraldps_dot_v1_dot_ps__pb2.PullResponse.FromString,
                 _registered_method=True)
+        self.GetVersions = channel.unary_unary(
+                '/heraldps.v1.ParameterServer/GetVersions',
+                request_serializer=heraldps_dot_v1_dot_ps__pb2.GetVersionsRequest.SerializeToString,
+                response_deserializer=heraldps_dot_v1_dot_ps__pb2.GetVersionsResponse.FromString,
+                _registered_method=True)
         self.PushGradients = channel.unary_unary(
                 '/heraldps.v1.ParameterServer/PushGradients',
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.PushGradientsRequest.SerializeToString,
@@ -118,6 +123,14 @@ class ParameterServerServicer:
 
     def Pull(self, request, context):
         """Reads rows; unseen keys are created with the table's initializer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVersions(self, request, context):
+        """Reads only the clocks (versions) of rows: HET's CheckValid asks this
+        before trusting a cached copy. Unseen keys answer 0 and are not created.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -195,6 +208,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=heraldps_dot_v1_dot_ps__pb2.PullRequest.FromString,
                     response_serializer=heraldps_dot_v1_dot_ps__pb2.PullResponse.SerializeToString,
+            ),
+            'GetVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVersions,
+                    request_deserializer=heraldps_dot_v1_dot_ps__pb2.GetVersionsRequest.FromString,
+                    response_serializer=heraldps_dot_v1_dot_ps__pb2.GetVersionsResponse.SerializeToString,
             ),
             'PushGradients': grpc.unary_unary_rpc_method_handler(
                     servicer.PushGradients,
@@ -340,6 +358,33 @@ class ParameterServer:
             '/heraldps.v1.ParameterServer/Pull',
             heraldps_dot_v1_dot_ps__pb2.PullRequest.SerializeToString,
             heraldps_dot_v1_dot_ps__pb2.PullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/heraldps.v1.ParameterServer/GetVersions',
+            heraldps_dot_v1_dot_ps__pb2.GetVersionsRequest.SerializeToString,
+            heraldps_dot_v1_dot_ps__pb2.GetVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

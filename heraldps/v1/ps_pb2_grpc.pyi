@@ -61,6 +61,10 @@ class ParameterServerStub:
     """Describes one table on this shard."""
     Pull: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PullRequest, _ps_pb2.PullResponse]
     """Reads rows; unseen keys are created with the table's initializer."""
+    GetVersions: _grpc.UnaryUnaryMultiCallable[_ps_pb2.GetVersionsRequest, _ps_pb2.GetVersionsResponse]
+    """Reads only the clocks (versions) of rows: HET's CheckValid asks this
+    before trusting a cached copy. Unseen keys answer 0 and are not created.
+    """
     PushGradients: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PushGradientsRequest, _ps_pb2.PushGradientsResponse]
     """Adds gradients to the buffer of an iteration (or applies them at once
     for an UPDATE_MODE_IMMEDIATE table).
@@ -89,6 +93,10 @@ class ParameterServerAsyncStub(ParameterServerStub):
     """Describes one table on this shard."""
     Pull: _aio.UnaryUnaryMultiCallable[_ps_pb2.PullRequest, _ps_pb2.PullResponse]  # type: ignore[assignment]
     """Reads rows; unseen keys are created with the table's initializer."""
+    GetVersions: _aio.UnaryUnaryMultiCallable[_ps_pb2.GetVersionsRequest, _ps_pb2.GetVersionsResponse]  # type: ignore[assignment]
+    """Reads only the clocks (versions) of rows: HET's CheckValid asks this
+    before trusting a cached copy. Unseen keys answer 0 and are not created.
+    """
     PushGradients: _aio.UnaryUnaryMultiCallable[_ps_pb2.PushGradientsRequest, _ps_pb2.PushGradientsResponse]  # type: ignore[assignment]
     """Adds gradients to the buffer of an iteration (or applies them at once
     for an UPDATE_MODE_IMMEDIATE table).
@@ -138,6 +146,16 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.PullResponse, _abc.Awaitable[_ps_pb2.PullResponse]]:
         """Reads rows; unseen keys are created with the table's initializer."""
+
+    @_abc_1.abstractmethod
+    def GetVersions(
+        self,
+        request: _ps_pb2.GetVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.GetVersionsResponse, _abc.Awaitable[_ps_pb2.GetVersionsResponse]]:
+        """Reads only the clocks (versions) of rows: HET's CheckValid asks this
+        before trusting a cached copy. Unseen keys answer 0 and are not created.
+        """
 
     @_abc_1.abstractmethod
     def PushGradients(

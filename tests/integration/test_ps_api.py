@@ -159,6 +159,15 @@ def test_bad_input_codes_and_untouched_rows(raw: RawShard) -> None:
     )
     raw.expect(INVALID, "Pull", ps_pb2.PullRequest(table="emb", keys=b"\1\2\3"), "multiple of 8")
     raw.expect(
+        grpc.StatusCode.NOT_FOUND,
+        "GetVersions",
+        ps_pb2.GetVersionsRequest(table="nope", keys=_keys(1)),
+        "nope",
+    )
+    raw.expect(
+        INVALID, "GetVersions", ps_pb2.GetVersionsRequest(table="emb", keys=b"\1"), "multiple of 8"
+    )
+    raw.expect(
         INVALID,
         "PushGradients",
         push(table="emb", iteration=1, keys=_keys(1, 2), grads=_floats(2, 3)),
@@ -320,6 +329,17 @@ def test_write_back_and_dense(cluster: ClusterFactory) -> None:
     ps.push_dense_gradients(dense, np.ones(1000, np.float32), iteration=0)
     ps.commit(0)
     np.testing.assert_allclose(ps.pull_dense(dense), initial - 0.5, atol=1e-6)
+
+
+def test_versions_read_clocks_without_creating_rows(cluster: ClusterFactory) -> None:
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    ps.pull("emb", np.arange(5))
+    ps.push_gradients("emb", np.arange(3), np.ones((3, 4), np.float32), iteration=0)
+    ps.commit(0)
+    keys = np.array([4, 0, 99, 2, 0], dtype=np.int64)
+    assert ps.versions("emb", keys).tolist() == [0, 1, 0, 1, 1]
+    assert ps.describe_table("emb").rows == 5  # key 99 was not created
 
 
 def test_save_load_and_export(cluster: ClusterFactory, tmp_path: Path) -> None:

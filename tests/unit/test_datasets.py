@@ -406,3 +406,16 @@ def test_read_arrays_are_read_only(tmp_path: Path) -> None:
         ds.keys[0] = 1
     with pytest.raises(ValueError, match="read-only"):
         next(ds.batches(1)).offsets[0] = 1
+
+
+def test_fields_name_the_column_of_every_key(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("a,b,c\nx,,z\n,y,\nx,y,z\n")
+    ds = read_dataset(path, "csv", sparse_columns=["a", "b", "c"])
+    assert ds.fields is not None
+    assert ds.fields.tolist() == [0, 2, 1, 0, 1, 2]
+    assert ds.row_slice(1, 3).fields.tolist() == [1, 0, 1, 2]  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="fields must be int32"):
+        SparseDataset(
+            ds.offsets, ds.keys, ds.labels, ds.dense, ds.sparse_columns, (), ds.fields[:2]
+        )
