@@ -87,7 +87,12 @@ def _add_scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParse
     )
     p.add_argument("--workers", type=int, required=True, help="number of workers N (<= 64)")
     p.add_argument("--cache-rows", type=int, required=True, help="rows per worker cache")
-    p.add_argument("--mode", default="herald", help="naive, on_demand, location_aware, herald")
+    p.add_argument(
+        "--mode",
+        default="herald",
+        help="naive, on_demand, location_aware, herald, or het (samples only: worker caches "
+        "decide by clocks; the scheduler is the BSP barrier)",
+    )
     p.add_argument("--table", default="emb", help="embedding table the plans refer to")
     p.add_argument("--ps", default="", help="comma-separated PS shard addresses, in shard order")
     p.add_argument("--host", default="0.0.0.0")
@@ -171,6 +176,85 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run one training worker (follows the scheduler's plans)",
+        description="Run one worker: register, execute each plan (or train as HET), report.",
+    )
+    p.add_argument("--job", required=True, help="job JSON (as heraldps local writes it)")
+    p.add_argument("--worker-id", type=int, required=True)
+    p.add_argument("--scheduler", required=True, help="scheduler address host:port")
+    p.add_argument("--ps", required=True, help="comma-separated PS shard addresses")
+    p.add_argument("--report", default=None, help="write per-iteration traffic and loss here")
+    p.add_argument("--timeout-seconds", type=float, default=120.0, help="deadline of each RPC")
+    p.set_defaults(run=_run_worker)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from worker_client.worker import WorkerConfig, run_worker
+
+    config = WorkerConfig(
+        job=args.job, worker_id=args.worker_id, scheduler=args.scheduler,
+        ps=tuple(a for a in args.ps.split(",") if a), report=args.report,
+        timeout_seconds=args.timeout_seconds,
+    )  # fmt: skip
+    return run_worker(config)
+
+
+def _add_local_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "local",
+        help="train a CTR model on a local cluster (shards, scheduler, workers), mode by mode",
+        description="Start PS shards, the scheduler and workers on 127.0.0.1 and train each "
+        "mode on the same batches; print traffic and quality per mode.",
+    )
+    p.add_argument("--data", default=None, help="training file (default: bundled Criteo sample)")
+    p.add_argument("--eval-data", default=None, help="held-out file (default: bundled test "
+                   "split, or the last --eval-fraction of --data)")  # fmt: skip
+    p.add_argument("--eval-fraction", type=float, default=0.1)
+    p.add_argument("--format", default="criteo", choices=("criteo", "avazu", "csv"))
+    p.add_argument("--sparse-columns", default=None, help="comma-separated (csv)")
+    p.add_argument("--label-column", default=None, help="label column (csv)")
+    p.add_argument("--dense-columns", default=None, help="comma-separated numeric columns (csv)")
+    p.add_argument("--modes", default="naive,on_demand,location_aware,herald,het")
+    p.add_argument("--staleness", type=int, default=0, help="HET staleness bound s (het mode)")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--batch-size-per-worker", type=int, default=128)
+    p.add_argument("--iterations", type=int, default=None, help="at most this many batches")
+    p.add_argument("--epochs", type=int, default=2, help="passes over the training data")
+    p.add_argument(
+        "--cache-fraction",
+        type=float,
+        default=0.1,
+        help="cache rows per worker = floor(fraction x distinct training keys)",
+    )
+    p.add_argument("--optimizer", default="adagrad", choices=("sgd", "adagrad", "adam"))
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--embedding-dim", type=int, default=8)
+    p.add_argument("--policy", default="lru", choices=("lru", "lfu"), help="HET cache policy")
+    p.add_argument("--device", default="cpu", choices=("cpu", "gpu", "auto"))
+    p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--plot", default=None, help="write traffic and loss curves here (PNG)")
+    p.add_argument("--workdir", default=None, help="keep logs and reports here")
+    p.set_defaults(run=_run_local)
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from heraldps.errors import HeraldError
+    from worker_client.local_command import run_local_command
+
+    try:
+        return run_local_command(args)
+    except (ValueError, OSError, HeraldError) as exc:
+        print(f"heraldps local: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("heraldps local: interrupted; every process was stopped", file=sys.stderr)
+        return 130
+
+
 def _apply_env_defaults(parser: argparse.ArgumentParser) -> None:
     """Let HERALDPS_<DEST> environment variables provide defaults for every flag."""
     for action in parser._actions:
@@ -207,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ps_parser(sub)
     _add_scheduler_parser(sub)
     _add_simulate_parser(sub)
+    _add_worker_parser(sub)
+    _add_local_parser(sub)
     _apply_env_defaults(parser)
     return parser
 

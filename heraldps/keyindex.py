@@ -86,6 +86,68 @@ def _resolve(
     return next_row
 
 
+# ----- removable entries (worker caches, the scheduler's per-worker positions) ------
+@numba.njit(cache=True, nogil=True, inline="always")
+def table_find(table, key):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Slot of ``key`` in ``table``, -1 when absent."""
+    s = probe(table, key)
+    return np.int64(s) if table[s, 1] >= 0 else np.int64(-1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def table_put(table, key, value):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Map ``key`` to ``value`` (insert or overwrite)."""
+    s = probe(table, key)
+    table[s, 0] = key
+    table[s, 1] = value
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def table_remove(table, slot):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Remove the entry at ``slot``; shift later entries of the probe run back
+    (backward-shift deletion: no tombstones, probes stay short)."""
+    mask = np.int64(table.shape[0] - 1)
+    i = np.int64(slot)
+    table[i, 1] = -1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if table[j, 1] < 0:
+            return
+        start = np.int64(splitmix64(np.uint64(table[j, 0])) & np.uint64(mask))
+        # Move entry j back to i unless its home lies cyclically in (i, j].
+        if (start <= i or start > j) if i <= j else (start <= i and start > j):
+            table[i, 0] = table[j, 0]
+            table[i, 1] = table[j, 1]
+            table[j, 1] = -1
+            i = j
+
+
+@numba.njit(cache=True, nogil=True)
+def rehash(old, new):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Insert every entry of ``old`` into the (larger, empty) ``new``."""
+    for s in range(old.shape[0]):
+        if old[s, 1] >= 0:
+            table_put(new, old[s, 0], old[s, 1])
+
+
+@numba.njit(cache=True, nogil=True)
+def _put_all(table, keys, values):  # type: ignore[no-untyped-def]  # pragma: no cover
+    for i in range(keys.shape[0]):
+        table_put(table, keys[i], values[i])
+
+
+@numba.njit(cache=True, nogil=True)
+def _remove_all(table, keys):  # type: ignore[no-untyped-def]  # pragma: no cover
+    removed = 0
+    for i in range(keys.shape[0]):
+        s = table_find(table, keys[i])
+        if s >= 0:
+            table_remove(table, s)
+            removed += 1
+    return removed
+
+
 def empty_slot_table(capacity: int) -> npt.NDArray[np.int64]:
     """``[capacity, 2]`` of (key, row); row -1 marks an empty slot. Key and row share
     a cache line, so a probe costs one memory access; big tables use huge pages."""
@@ -165,3 +227,41 @@ def distinct(
     unique = np.empty(len(index), dtype=np.int64)
     unique[inverse] = keys
     return unique, inverse
+
+
+class SlotMap:
+    """int64 key -> int64 value with removal: where a worker cache keeps each row.
+
+    The same slot layout as :class:`KeyIndex` (load factor <= 1/2) with
+    backward-shift deletion, so rows can come and go every iteration.
+    """
+
+    def __init__(self, expected_entries: int = 0) -> None:
+        self._slots = empty_slot_table(_capacity_for(expected_entries))
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def lookup(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Value of every key, -1 where absent."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        out = np.empty(keys.shape[0], dtype=np.int64)
+        _resolve(self._slots, keys, False, 0, out)
+        return out
+
+    def put(self, keys: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> None:
+        """Map distinct ``keys`` that are absent to ``values`` (values >= 0)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        self._size += keys.shape[0]
+        if 2 * self._size > self._slots.shape[0]:
+            table = empty_slot_table(_capacity_for(self._size))
+            rehash(self._slots, table)
+            self._slots = table
+        _put_all(self._slots, keys, np.ascontiguousarray(values, dtype=np.int64))
+
+    def remove(self, keys: npt.NDArray[np.int64]) -> int:
+        """Drop ``keys`` (absent ones are ignored); return how many were present."""
+        removed = int(_remove_all(self._slots, np.ascontiguousarray(keys, dtype=np.int64)))
+        self._size -= removed
+        return removed

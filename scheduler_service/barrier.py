@@ -13,7 +13,7 @@ from collections.abc import Callable
 from heraldps.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from scheduler_service.batch import Batch
 from scheduler_service.plan import CommPlan
-from scheduler_service.scheduler import Scheduler
+from scheduler_service.scheduler import SampleScheduler, Scheduler
 
 
 class UnknownWorker(InvalidArgument):
@@ -24,7 +24,10 @@ class Barrier:
     """Plans in, reports in, commits out."""
 
     def __init__(
-        self, scheduler: Scheduler, commit: Callable[[int], None], max_backlog: int = 4
+        self,
+        scheduler: Scheduler | SampleScheduler,
+        commit: Callable[[int], None],
+        max_backlog: int = 4,
     ) -> None:
         self.scheduler = scheduler
         self._commit = commit

@@ -3,8 +3,8 @@
 They work on the state of :class:`scheduler_service.mirror.CacheMirror` (its
 docstring describes the per-key records and the per-worker LRU queues).
 Pairs of (kid, worker) travel packed as ``kid * STRIDE + worker``. Above 16
-workers a key's LRU position in a worker lives in an open-addressing table
-(the KeyIndex layout, plus backward-shift deletion) keyed by that packing.
+workers a key's LRU position in a worker lives in a removable slot table
+(``heraldps.keyindex.table_*``) keyed by that packing.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from heraldps.keyindex import home, probe
+from heraldps.keyindex import home, table_find, table_put, table_remove
 from heraldps.prefetch import prefetch
-from heraldps.sharding import splitmix64
 
 STRIDE = 64  # (kid, worker) packed as kid * STRIDE + worker
 PREFETCH_DISTANCE = 16
@@ -41,54 +40,13 @@ def popcount(x: np.uint64) -> int:  # pragma: no cover - compiled
     return count
 
 
-# ----- (kid, worker) -> slot table: the KeyIndex layout, plus deletion -----------
-@numba.njit(cache=True, nogil=True, inline="always")
-def _tfind(table, key):  # type: ignore[no-untyped-def]  # pragma: no cover
-    s = probe(table, key)
-    return np.int64(s) if table[s, 1] >= 0 else np.int64(-1)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _tinsert(table, key, value):  # type: ignore[no-untyped-def]  # pragma: no cover
-    s = probe(table, key)
-    table[s, 0] = key
-    table[s, 1] = value
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _tdelete(table, slot):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Remove the entry at ``slot``; shift later entries of the probe run back."""
-    mask = np.int64(table.shape[0] - 1)
-    i = np.int64(slot)
-    table[i, 1] = -1
-    j = i
-    while True:
-        j = (j + 1) & mask
-        if table[j, 1] < 0:
-            return
-        start = np.int64(splitmix64(np.uint64(table[j, 0])) & np.uint64(mask))
-        # Move entry j back to i unless its home lies cyclically in (i, j].
-        if (start <= i or start > j) if i <= j else (start <= i and start > j):
-            table[i, 0] = table[j, 0]
-            table[i, 1] = table[j, 1]
-            table[j, 1] = -1
-            i = j
-
-
-@numba.njit(cache=True, nogil=True)
-def rehash(old, new):  # type: ignore[no-untyped-def]  # pragma: no cover
-    for s in range(old.shape[0]):
-        if old[s, 1] >= 0:
-            _tinsert(new, old[s, 0], old[s, 1])
-
-
 # ----- LRU positions: in the key's record (<= 16 workers) or in the table ------------
 @numba.njit(cache=True, nogil=True, inline="always")
 def _position(positions, table, dense, k, w):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Position of kid ``k`` in worker ``w``'s LRU queue, -1 when not cached."""
     if dense:
         return np.int64(positions[k, w])
-    s = _tfind(table, k * STRIDE + w)
+    s = table_find(table, k * STRIDE + w)
     return table[s, 1] if s >= 0 else np.int64(-1)
 
 
@@ -97,7 +55,7 @@ def _set_position(positions, table, dense, k, w, position):  # type: ignore[no-u
     if dense:
         positions[k, w] = position
     else:
-        _tinsert(table, k * STRIDE + w, position)
+        table_put(table, k * STRIDE + w, position)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -105,7 +63,7 @@ def _forget_position(positions, table, dense, k, w):  # type: ignore[no-untyped-
     if dense:
         positions[k, w] = -1
     else:
-        _tdelete(table, _tfind(table, k * STRIDE + w))
+        table_remove(table, table_find(table, k * STRIDE + w))
 
 
 @numba.njit(cache=True, nogil=True)

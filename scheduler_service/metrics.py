@@ -30,7 +30,8 @@ class SchedulerMetrics:
         )  # fmt: skip
         self.reported_rows = Counter(
             "heraldps_scheduler_reported_rows",
-            "Rows workers report they moved, by kind (pull, grad_push, write_back)",
+            "Rows workers report they moved, by kind (pull, grad_push, write_back, final_flush, "
+            "version_check)",
             ["mode", "worker", "kind"], registry=r,
         )  # fmt: skip
         self.hit_ratio = Gauge(

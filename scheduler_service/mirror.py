@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from heraldps import hostmem
 from heraldps.errors import InvalidArgument
-from heraldps.keyindex import KeyIndex, empty_slot_table
+from heraldps.keyindex import KeyIndex, empty_slot_table, rehash
 from scheduler_service import kernels
 
 MAX_WORKERS = 64  # one bit per worker in the masks
@@ -122,7 +122,7 @@ class CacheMirror:
                 while size < 2 * entries:
                     size *= 2
                 table = empty_slot_table(size)
-                kernels.rehash(self.table, table)
+                rehash(self.table, table)
                 self.table = table
 
     def dirty_rows(self) -> int:

@@ -103,6 +103,11 @@ class Scheduler:
     def num_workers(self) -> int:
         return self.mirror.num_workers
 
+    @property
+    def capacity(self) -> int:
+        """Rows per worker cache the plans assume."""
+        return self.mirror.capacity
+
     def submit(self, batch: Batch) -> list[CommPlan]:
         mirror = self.mirror
         n = mirror.num_workers
@@ -201,3 +206,60 @@ def _sorted_by_worker(
         for w in range(num_workers):
             grouped[offsets[w] : offsets[w + 1]].sort()
     return offsets, grouped
+
+
+class SampleScheduler:
+    """HET mode's scheduler: sequential sample assignment and nothing else.
+
+    The workers' caches decide pulls and pushes by clocks (HET), so a plan
+    carries only ``samples``; the service still runs the BSP barrier and
+    commits. Same interface as :class:`Scheduler` for the barrier.
+    """
+
+    mode = "het"
+
+    def __init__(self, num_workers: int, capacity: int) -> None:
+        if capacity < 1:
+            raise InvalidArgument(f"cache capacity must be >= 1 row, got {capacity}")
+        self.num_workers = num_workers
+        self.capacity = capacity
+        self.counts = TrafficCounts()
+        self.next_iteration: int | None = None
+        self._pending: list[CommPlan] = []
+
+    def submit(self, batch: Batch) -> list[CommPlan]:
+        if batch.num_workers != self.num_workers:
+            raise InvalidArgument(
+                f"batch is split over {batch.num_workers} workers, not {self.num_workers}"
+            )
+        if self.next_iteration is not None and batch.iteration != self.next_iteration:
+            raise FailedPrecondition(
+                f"batch for iteration {batch.iteration} is out of order: the scheduler "
+                f"expects iteration {self.next_iteration}"
+            )
+        m = batch.samples_per_worker
+        samples = np.arange(batch.samples, dtype=np.int64)
+        released, self._pending = (
+            self._pending,
+            [
+                CommPlan(batch.iteration, w, samples=samples[w * m : (w + 1) * m])
+                for w in range(self.num_workers)
+            ],
+        )
+        self.next_iteration = batch.iteration + 1
+        self.counts.iterations += 1
+        return released
+
+    def finish(self) -> list[CommPlan]:
+        released, self._pending = self._pending, []
+        return released
+
+
+def make_scheduler(num_workers: int, capacity: int, mode: str) -> Scheduler | SampleScheduler:
+    """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``."""
+    if mode == "het":
+        return SampleScheduler(num_workers, capacity)
+    return Scheduler(num_workers, capacity, mode)
+
+
+SERVICE_MODES = (*MODES, "het")

@@ -11,7 +11,7 @@ from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.scheduler import MODES, Scheduler
+from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
 from scheduler_service.servicer import SchedulerServicer
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,8 @@ class SchedulerConfig:
     port_file: str | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode not in SERVICE_MODES:
+            raise ValueError(f"--mode must be one of {', '.join(SERVICE_MODES)}, got {self.mode!r}")
         if self.threads < self.workers + 4:
             raise ValueError(
                 f"--threads {self.threads} is too few for {self.workers} plan streams; "
@@ -51,7 +51,7 @@ class SchedulerServer(GrpcProcess):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.ps = PSClient(list(config.ps)) if config.ps else None
-        scheduler = Scheduler(config.workers, config.cache_rows, config.mode)
+        scheduler = make_scheduler(config.workers, config.cache_rows, config.mode)
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
         self.metrics = SchedulerMetrics(config.mode)
         self.stopping = threading.Event()

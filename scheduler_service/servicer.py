@@ -84,7 +84,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         log.info("worker %d registered", request.worker_id)
         s = self.barrier.scheduler
         return scheduler_pb2.RegisterWorkerResponse(
-            num_workers=s.num_workers, mode=s.mode, cache_rows=s.mirror.capacity, table=self.table
+            num_workers=s.num_workers, mode=s.mode, cache_rows=s.capacity, table=self.table
         )
 
     @unary_handler
@@ -142,6 +142,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         m.reported_rows.labels(m.mode, worker, "pull").inc(c.pulled_rows)
         m.reported_rows.labels(m.mode, worker, "grad_push").inc(c.pushed_gradient_rows)
         m.reported_rows.labels(m.mode, worker, "write_back").inc(c.written_back_rows)
+        m.reported_rows.labels(m.mode, worker, "final_flush").inc(c.final_flush_rows)
+        m.reported_rows.labels(m.mode, worker, "version_check").inc(c.version_checks)
         if committed:
             m.committed.set(request.iteration)
             m.backlog.set(self.barrier.backlog)

@@ -59,7 +59,9 @@ class RegisterWorkerResponse(_message.Message):
     TABLE_FIELD_NUMBER: _builtins.int
     num_workers: _builtins.int
     mode: _builtins.str
-    """naive | on_demand | location_aware | herald"""
+    """naive | on_demand | location_aware | herald | het (plans carry samples
+    only; the worker's cache decides pulls and pushes by clocks)
+    """
     cache_rows: _builtins.int
     """Cache capacity in rows the plans assume; the worker's cache must match."""
     table: _builtins.str
@@ -260,10 +262,18 @@ class TrafficCounters(_message.Message):
     PUSHED_GRADIENT_ROWS_FIELD_NUMBER: _builtins.int
     WRITTEN_BACK_ROWS_FIELD_NUMBER: _builtins.int
     CACHE_HITS_FIELD_NUMBER: _builtins.int
+    FINAL_FLUSH_ROWS_FIELD_NUMBER: _builtins.int
+    VERSION_CHECKS_FIELD_NUMBER: _builtins.int
     pulled_rows: _builtins.int
     pushed_gradient_rows: _builtins.int
     written_back_rows: _builtins.int
     cache_hits: _builtins.int
+    final_flush_rows: _builtins.int
+    """Rows written back (plan mode) or gradients pushed (HET) by the final
+    flush of the last iteration; not part of the three counts above.
+    """
+    version_checks: _builtins.int
+    """Keys whose PS clock the worker read (HET's CheckValid), no rows moved."""
     def __init__(
         self,
         *,
@@ -271,10 +281,12 @@ class TrafficCounters(_message.Message):
         pushed_gradient_rows: _builtins.int = ...,
         written_back_rows: _builtins.int = ...,
         cache_hits: _builtins.int = ...,
+        final_flush_rows: _builtins.int = ...,
+        version_checks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "written_back_rows", b"written_back_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

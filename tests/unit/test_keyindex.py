@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heraldps.keyindex import KeyIndex, distinct
+from heraldps.keyindex import KeyIndex, SlotMap, distinct
 
 int64s = st.integers(-(2**63), 2**63 - 1)
 
@@ -42,3 +42,25 @@ def test_distinct_matches_first_occurrence(keys: list[int]) -> None:
     unique, inverse = distinct(np.array(keys, dtype=np.int64))
     assert unique.tolist() == list(dict.fromkeys(keys))
     assert unique[inverse].tolist() == keys
+
+
+def test_slot_map_against_a_dict() -> None:
+    rng = np.random.default_rng(5)
+    slot_map = SlotMap()
+    reference: dict[int, int] = {}
+    for step in range(60):
+        new = np.unique(rng.integers(-500, 500, 40))
+        new = new[[int(k) not in reference for k in new.tolist()]]
+        slot_map.put(new, np.arange(new.shape[0]) + 1000 * step)
+        values = (np.arange(new.shape[0]) + 1000 * step).tolist()
+        reference.update(zip(new.tolist(), values, strict=True))
+        gone = rng.integers(-500, 500, 30)
+        removed = slot_map.remove(gone)
+        present = {int(k) for k in gone.tolist() if int(k) in reference}
+        assert removed == len(present)
+        for k in present:
+            del reference[k]
+        probe_keys = rng.integers(-600, 600, 200)
+        expected = [reference.get(int(k), -1) for k in probe_keys.tolist()]
+        assert slot_map.lookup(probe_keys).tolist() == expected
+        assert len(slot_map) == len(reference)

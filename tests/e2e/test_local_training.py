@@ -1,0 +1,107 @@
+"""Real local clusters (shard, scheduler and worker subprocesses) training the CTR model.
+
+The invariant that matters most: with staleness 0, every mode ends with the
+model single-process training produces (embeddings, optimizer state,
+versions, dense parameters), up to float32 summation order; and the
+traffic the workers count from their RPCs is what ``heraldps simulate``
+predicts for the same batches, row for row.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scheduler_service.simulate import SimulationConfig, simulate
+from worker_client.cluster import ClusterError
+from worker_client.job import TrainingJob
+from worker_client.local import ALL_MODES, HERALD_MODES, bundled_data, cache_rows_for, run_mode
+from worker_client.reference import ReferenceTrainer
+from worker_client.report import ps_agrees
+
+TRAIN, TEST = bundled_data()
+ITERATIONS = 20
+
+
+def small_job(optimizer: str) -> TrainingJob:
+    job = TrainingJob(
+        data=str(TRAIN), workers=4, batch_size_per_worker=32, iterations=ITERATIONS,
+        optimizer=optimizer, embedding_dim=4, hidden=(16,),
+    )  # fmt: skip
+    # A cache of 3% of the file's keys: evictions (and eviction write-backs) happen.
+    return replace(job, cache_rows=cache_rows_for(job.read(), 0.03))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Path) -> None:
+    job = small_job(optimizer)
+    train = job.read()
+    reference = ReferenceTrainer(job, train)
+    reference.train(train)
+    predicted = simulate(train, SimulationConfig(str(TRAIN), "criteo", 4, 32, 0.03, ITERATIONS))[
+        "modes"
+    ]
+    for mode in ALL_MODES:
+        result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
+        model = result.model
+        values, state, versions = reference.rows_of(model["keys"])
+        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(
+            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
+        )
+        np.testing.assert_allclose(
+            model["dense_state"], reference.dense_state, rtol=1e-4, atol=1e-6, err_msg=mode
+        )
+        if mode in HERALD_MODES:  # HET writes no rows back, so its clocks count commits only
+            assert np.array_equal(model["versions"], versions), mode
+        assert ps_agrees(result), (mode, result.traffic, result.ps_counted)
+        if mode in HERALD_MODES:
+            live, expected = result.traffic, predicted[mode]
+            assert live["pulls"] == expected["pulls"], mode
+            assert live["grad_pushes"] + live["write_backs"] == expected["pushes"], mode
+            assert live["final_flush"] == expected["final_flush"], mode
+
+
+def test_het_with_staleness_moves_fewer_rows_at_equal_quality(tmp_path: Path) -> None:
+    job = replace(small_job("adagrad"), iterations=None, batch_size_per_worker=128)
+    job = replace(job, cache_rows=cache_rows_for(job.read(), 0.1))
+    train, test = job.read(), job.read(str(TEST))
+    exact = run_mode(job, "het", 2, train, test, tmp_path / "s0")
+    stale = run_mode(replace(job, staleness=2), "het", 2, train, test, tmp_path / "s2")
+    moved = {r.mode + str(i): r.traffic["pulls"] + r.traffic["grad_pushes"]
+             for i, r in enumerate((exact, stale))}  # fmt: skip
+    assert moved["het1"] < moved["het0"]
+    assert abs(stale.auc - exact.auc) <= 0.01, (stale.auc, exact.auc)
+
+
+def _kill_when(workdir: Path, name: str, sig: int, after: float) -> threading.Thread:
+    def kill() -> None:
+        deadline = time.monotonic() + 120
+        pid_file = workdir / f"{name}.pid"
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(after)
+        os.kill(int(pid_file.read_text()), sig)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("victim", ["worker-2", "ps-1"])
+def test_a_dead_worker_or_shard_fails_the_run_with_a_message(victim: str, tmp_path: Path) -> None:
+    job = replace(small_job("sgd"), iterations=None, epochs=50)
+    killer = _kill_when(tmp_path, victim, signal.SIGKILL, after=4.0)
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=victim.split("-")[0]):
+        run_mode(job, "herald", 2, job.read(), None, tmp_path)
+    killer.join()
+    assert time.monotonic() - started < 120

@@ -1,0 +1,117 @@
+"""Processes of a local cluster on 127.0.0.1: PS shards, the scheduler, workers.
+
+Each is a real ``heraldps`` CLI subprocess with its own log file; servers
+pick free ports and announce them through a port file, so any number of
+clusters can run side by side. ``stop`` sends SIGTERM (the services drain
+and exit 0) and kills what does not exit in time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from heraldps.errors import HeraldError
+
+START_TIMEOUT_SECONDS = 120.0
+
+
+class ClusterError(HeraldError):
+    """A process of the local cluster failed or did not start."""
+
+
+class ManagedProcess:
+    """One ``python -m heraldps.cli ...`` subprocess, logging to ``workdir/name.log``."""
+
+    def __init__(self, name: str, args: list[str], workdir: Path, port_file: bool) -> None:
+        self.name = name
+        self.log_path = workdir / f"{name}.log"
+        self.port_file = workdir / f"{name}.port" if port_file else None
+        command = [sys.executable, "-m", "heraldps.cli", *args]
+        if self.port_file is not None:
+            command += ["--port-file", str(self.port_file)]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        (workdir / f"{name}.pid").write_text(f"{self.proc.pid}\n")  # for operators and tests
+        self.port = 0
+        self.metrics_port = 0
+
+    def wait_ready(self, deadline: float) -> None:
+        """Block until the port file names the ports (servers only)."""
+        assert self.port_file is not None
+        while not self.port_file.exists() or len(self.port_file.read_text().split()) < 1:
+            if self.proc.poll() is not None:
+                raise ClusterError(f"{self.name} exited during start-up:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{self.name} did not start in time:\n{self.log_tail()}")
+            time.sleep(0.05)
+        ports = self.port_file.read_text().split()
+        self.port = int(ports[0])
+        self.metrics_port = int(ports[1]) if len(ports) > 1 else 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def metrics(self) -> str:
+        """The process's Prometheus exposition text."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text: str = reply.read().decode()
+            return text
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; the exit code (None if it had to be killed)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                return None
+        return self.proc.returncode
+
+
+def start_servers(processes: list[ManagedProcess]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    for process in processes:
+        process.wait_ready(deadline)
+
+
+def ps_process(index: int, shards: int, workdir: Path) -> ManagedProcess:
+    args = ["ps", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+            "--shard-index", str(index), "--num-shards", str(shards),
+            "--grace-seconds", "5"]  # fmt: skip
+    return ManagedProcess(f"ps-{index}", args, workdir, port_file=True)
+
+
+def scheduler_process(
+    workers: int, cache_rows: int, mode: str, ps: list[str], workdir: Path
+) -> ManagedProcess:
+    args = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+            "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
+            "--ps", ",".join(ps), "--grace-seconds", "5",
+            "--threads", str(workers + 8)]  # fmt: skip
+    return ManagedProcess("scheduler", args, workdir, port_file=True)
+
+
+def worker_process(
+    worker: int, job: Path, scheduler: str, ps: list[str], workdir: Path
+) -> ManagedProcess:
+    args = ["worker", "--job", str(job), "--worker-id", str(worker), "--scheduler", scheduler,
+            "--ps", ",".join(ps), "--report", str(workdir / f"worker-{worker}.json")]  # fmt: skip
+    return ManagedProcess(f"worker-{worker}", args, workdir, port_file=False)

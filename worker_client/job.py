@@ -1,0 +1,101 @@
+"""What every process of a training run must agree on: data, model, optimizer, tables.
+
+One frozen dataclass, written to JSON by ``heraldps local`` and read by each
+worker, so the workers, the data feeder and the single-process reference all
+build the same batches, the same initial model and the same optimizer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from heraldps.client import DENSE_ROW_WIDTH, DenseParameter
+from heraldps.datasets import FORMATS, SparseDataset, read_dataset
+from heraldps.errors import InvalidArgument
+from heraldps.init import Normal
+from heraldps.optim import SGD, AdaGrad, Adam, Optimizer
+
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+DEFAULT_LR = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
+EMBEDDING_TABLE = "emb"
+DENSE_TABLE = "dense"
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    data: str
+    format: str = "criteo"
+    max_rows: int | None = None  # train on the first rows only (the rest is held out)
+    sparse_columns: tuple[str, ...] | None = None
+    label_column: str | None = None
+    dense_columns: tuple[str, ...] | None = None
+    workers: int = 4
+    batch_size_per_worker: int = 128
+    iterations: int | None = None
+    epochs: int = 1
+    cache_rows: int = 1
+    optimizer: str = "adagrad"
+    lr: float | None = None
+    embedding_dim: int = 8
+    hidden: tuple[int, ...] = (64, 32)
+    seed: int = 0
+    staleness: int = 0
+    policy: str = "lru"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise InvalidArgument(f"--format must be one of {', '.join(FORMATS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidArgument(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if self.staleness < 0:
+            raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
+        if self.workers < 1 or self.batch_size_per_worker < 1 or self.epochs < 1:
+            raise InvalidArgument("--workers, --batch-size-per-worker and --epochs must be >= 1")
+
+    @property
+    def global_batch(self) -> int:
+        return self.workers * self.batch_size_per_worker
+
+    def make_optimizer(self) -> Optimizer:
+        lr = DEFAULT_LR[self.optimizer] if self.lr is None else self.lr
+        if self.optimizer == "sgd":
+            return SGD(lr=lr)
+        if self.optimizer == "adagrad":
+            # A positive start (TensorFlow's 0.1) keeps the first steps of rarely seen rows
+            # from being lr * g / |g|, which turns float32 rounding noise into full steps.
+            return AdaGrad(lr=lr, initial_accumulator=0.1, eps=1e-8)
+        return Adam(lr=lr)
+
+    def make_initializer(self) -> Normal:
+        return Normal(std=0.01, seed=self.seed)
+
+    def dense_parameter(self, size: int) -> DenseParameter:
+        return DenseParameter(DENSE_TABLE, size, min(DENSE_ROW_WIDTH, size))
+
+    def read(self, path: str | None = None) -> SparseDataset:
+        return read_dataset(
+            path or self.data,
+            self.format,
+            sparse_columns=self.sparse_columns,
+            label_column=self.label_column,
+            dense_columns=self.dense_columns,
+            max_rows=self.max_rows if path is None else None,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainingJob:
+        raw = json.loads(text)
+        for name in ("sparse_columns", "dense_columns", "hidden"):
+            if raw.get(name) is not None:
+                raw[name] = tuple(raw[name])
+        return cls(**raw)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainingJob:
+        return cls.from_json(Path(path).read_text())

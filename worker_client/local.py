@@ -1,0 +1,328 @@
+"""``heraldps local``: a whole cluster on 127.0.0.1 training one mode after another.
+
+For each mode: start S PS shards, create the tables, start the scheduler
+(the Herald mode, or ``het`` for HET workers) and N worker processes, feed
+the global batches, wait for the last commit, then read the final model
+from the PS, evaluate it on held-out data and shut everything down. Traffic
+is counted twice: by the workers from their own RPCs, and by the PS shards'
+Prometheus counters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from heraldps import wire
+from heraldps.client import PSClient
+from heraldps.datasets import SparseDataset
+from heraldps.serving import channel_options
+from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
+from worker_client.cluster import (
+    ClusterError,
+    ManagedProcess,
+    ps_process,
+    scheduler_process,
+    start_servers,
+    worker_process,
+)
+from worker_client.evaluation import auc, logloss
+from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
+from worker_client.minibatch import global_batches, select
+from worker_client.trainer import create_tables, model_for
+
+HERALD_MODES = ("naive", "on_demand", "location_aware", "herald")
+ALL_MODES = (*HERALD_MODES, "het")
+
+
+def bundled_data() -> tuple[Path, Path]:
+    """(train, test) of the Criteo sample shipped inside the package."""
+    root = Path(str(resources.files("heraldps") / "data" / "criteo_head8k"))
+    return root / "train.tsv", root / "test.tsv"
+
+
+Progress = Callable[[str, int, int, dict[str, float]], None]
+
+
+@dataclass
+class ModeResult:
+    """Everything one mode's run produced."""
+
+    mode: str
+    iterations: int
+    seconds: float
+    samples_per_second: float
+    traffic: dict[str, int]
+    ps_counted: dict[str, int]
+    per_iteration: list[dict[str, float]]
+    auc: float
+    logloss: float
+    row_bytes: dict[str, int]
+    model: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def report(self) -> dict[str, Any]:
+        t = self.traffic
+        return {
+            "pulls": t["pulls"],
+            "pushes": t["grad_pushes"] + t["write_backs"],
+            "final_flush": t["final_flush"],
+            "grad_pushes": t["grad_pushes"],
+            "write_backs": t["write_backs"],
+            "version_checks": t["version_checks"],
+            "bytes_pulled": t["pulls"] * self.row_bytes["pull"],
+            "bytes_pushed": t["grad_pushes"] * self.row_bytes["grad_push"]
+            + t["write_backs"] * self.row_bytes["write_back"],
+            "auc": self.auc,
+            "logloss": self.logloss,
+            "iterations": self.iterations,
+            "seconds": self.seconds,
+            "samples_per_second": self.samples_per_second,
+            "ps_counted": self.ps_counted,
+            "per_iteration": self.per_iteration,
+        }
+
+
+def cache_rows_for(dataset: SparseDataset, cache_fraction: float) -> int:
+    """floor(fraction x distinct keys of the training file), as ``heraldps simulate``."""
+    return max(1, math.floor(cache_fraction * dataset.distinct_keys()))
+
+
+def row_bytes(job: TrainingJob) -> dict[str, int]:
+    """Payload bytes per row and direction: keys and versions 8, floats 4."""
+    dim = job.embedding_dim
+    state = job.make_optimizer().state_width(dim)
+    return {
+        "pull": 8 + 8 + 4 * (dim + state),
+        "grad_push": 8 + 4 * dim,
+        "write_back": 8 + 8 + 8 + 4 * (dim + state),
+    }
+
+
+def _ps_counts(shards: list[ManagedProcess]) -> dict[str, int]:
+    """Rows of the embedding table the shards counted, from their /metrics."""
+    names = {
+        "heraldps_ps_pull_keys_total": "pulls",
+        "heraldps_ps_push_keys_total": "grad_pushes",
+        "heraldps_ps_write_back_keys_total": "write_backs",
+        "heraldps_ps_version_check_keys_total": "version_checks",
+    }
+    totals = dict.fromkeys(names.values(), 0)
+    for shard in shards:
+        for line in shard.metrics().splitlines():
+            name, _, rest = line.partition("{")
+            if name in names and f'table="{EMBEDDING_TABLE}"' in rest:
+                totals[names[name]] += int(float(line.rsplit(" ", 1)[1]))
+    return totals
+
+
+def _feed(address: str, batches: list[SparseDataset], workers: int, stop: threading.Event) -> None:
+    """Submit every global batch (retrying while the scheduler's backlog is full), then Finish."""
+    with grpc.insecure_channel(address, options=channel_options(64 * 2**20)) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        for t, batch in enumerate(batches):
+            request = scheduler_pb2.SubmitBatchRequest(
+                iteration=t,
+                offsets=wire.encode_keys(batch.offsets),
+                keys=wire.encode_keys(batch.keys),
+            )
+            while not stop.is_set():
+                try:
+                    stub.SubmitBatch(request, timeout=60)
+                    break
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        raise
+                    time.sleep(0.01)
+        if not stop.is_set():
+            stub.Finish(scheduler_pb2.FinishRequest(), timeout=60)
+
+
+def evaluate(
+    job: TrainingJob, eval_data: SparseDataset, ps: PSClient
+) -> tuple[float, float, dict[str, np.ndarray]]:
+    """AUC and logloss of the PS's current model on ``eval_data``; also the model read."""
+    model = model_for(job, eval_data)
+    dense_param = job.dense_parameter(model.dense_size)
+    dense = ps.pull_dense(dense_param)
+    mb = select(eval_data, np.arange(eval_data.rows, dtype=np.int64))
+    emb, _ = ps.pull(EMBEDDING_TABLE, mb.keys)
+    probabilities = np.asarray(model.predict(dense, emb, mb.field_rows, mb.dense))
+    labels = np.asarray(mb.labels)
+    return auc(labels, probabilities), logloss(labels, probabilities), {"dense": dense}
+
+
+def read_model(
+    job: TrainingJob, ps: PSClient, keys: npt.NDArray[np.int64], dense_size: int
+) -> dict[str, np.ndarray]:
+    """Values, state and versions of ``keys`` and the dense rows with their state."""
+    values, versions, state = ps.pull_with_state(EMBEDDING_TABLE, keys)
+    dense_param = job.dense_parameter(dense_size)
+    dense_values, _, dense_state = ps.pull_with_state(DENSE_TABLE, dense_param.keys)
+    return {
+        "keys": keys,
+        "values": values,
+        "state": state,
+        "versions": versions,
+        "dense_values": dense_values,
+        "dense_state": dense_state,
+    }
+
+
+def run_mode(
+    job: TrainingJob,
+    mode: str,
+    shards: int,
+    train: SparseDataset,
+    eval_data: SparseDataset | None,
+    workdir: Path,
+    progress: Progress | None = None,
+    keep_model: bool = False,
+) -> ModeResult:
+    """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    batches = global_batches(train, job.global_batch, job.iterations, job.epochs)
+    job_path = workdir / "job.json"
+    job_path.write_text(job.to_json())
+    processes: list[ManagedProcess] = []
+    stop = threading.Event()
+    try:
+        shard_procs = [ps_process(i, shards, workdir) for i in range(shards)]
+        processes += shard_procs
+        start_servers(shard_procs)
+        addresses = [p.address for p in shard_procs]
+        ps = PSClient(addresses)
+        ps.wait_ready()
+        model = model_for(job, train)
+        create_tables(ps, job, model)
+        scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir)
+        processes.append(scheduler)
+        start_servers([scheduler])
+        workers = [
+            worker_process(w, job_path, scheduler.address, addresses, workdir)
+            for w in range(job.workers)
+        ]
+        processes += workers
+        started = time.perf_counter()
+        errors: list[BaseException] = []
+
+        def feed() -> None:
+            try:
+                _feed(scheduler.address, batches, job.workers, stop)
+            except BaseException as exc:  # reported by the monitor loop
+                errors.append(exc)
+
+        feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+        feeder.start()
+        _monitor(scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress,
+                 errors)  # fmt: skip
+        seconds = time.perf_counter() - started
+        reports = [
+            json.loads((workdir / f"worker-{w}.json").read_text()) for w in range(job.workers)
+        ]
+        traffic, per_iteration = _combine(reports, len(batches), job.global_batch)
+        ps_counted = _ps_counts(shard_procs)
+        auc_value = logloss_value = float("nan")
+        if eval_data is not None:
+            auc_value, logloss_value, _ = evaluate(job, eval_data, ps)
+        kept = read_model(job, ps, np.unique(train.keys), model.dense_size) if keep_model else {}
+        ps.close()
+        return ModeResult(
+            mode=mode,
+            iterations=len(batches),
+            seconds=seconds,
+            samples_per_second=len(batches) * job.global_batch / max(seconds, 1e-9),
+            traffic=traffic,
+            ps_counted=ps_counted,
+            per_iteration=per_iteration,
+            auc=auc_value,
+            logloss=logloss_value,
+            row_bytes=row_bytes(job),
+            model=kept,
+        )
+    finally:
+        stop.set()
+        for process in reversed(processes):
+            process.stop()
+
+
+def _monitor(
+    scheduler: ManagedProcess,
+    servers: list[ManagedProcess],
+    workers: list[ManagedProcess],
+    iterations: int,
+    mode: str,
+    progress: Progress | None,
+    errors: list[BaseException],
+) -> None:
+    """Wait for every worker to exit 0; fail fast (with the log) when any process dies."""
+    with grpc.insecure_channel(scheduler.address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while True:
+            if errors:
+                raise ClusterError(f"{mode}: feeding batches failed: {errors[0]}")
+            for process in [*servers, *workers]:
+                code = process.proc.poll()
+                if code is not None and (code != 0 or process in servers):
+                    raise ClusterError(
+                        f"{mode}: {process.name} exited with code {code}; its log "
+                        f"({process.log_path}) ends with:\n{process.log_tail()}"
+                    )
+            if all(w.proc.poll() == 0 for w in workers):
+                return
+            if progress is not None:
+                try:
+                    status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=5)
+                    progress(mode, status.committed_iteration + 1, iterations, {})
+                except grpc.RpcError:
+                    pass
+            time.sleep(0.2)
+
+
+def _combine(
+    reports: list[dict[str, Any]], iterations: int, global_batch: int
+) -> tuple[dict[str, int], list[dict[str, float]]]:
+    """Traffic summed over workers; per iteration: rows moved and mean loss."""
+    keys = ("pulls", "grad_pushes", "write_backs", "final_flush", "version_checks", "hits")
+    totals = dict.fromkeys(keys, 0)
+    per_iteration = [{"loss": 0.0, **dict.fromkeys(keys, 0)} for _ in range(iterations)]
+    for report in reports:
+        for entry in report["iterations"]:
+            row = per_iteration[entry["iteration"]]
+            row["loss"] += entry["loss_sum"] / global_batch
+            for k in keys:
+                row[k] += entry[k]
+                totals[k] += entry[k]
+    return totals, per_iteration
+
+
+def run_local(
+    job: TrainingJob,
+    modes: list[str],
+    shards: int,
+    train: SparseDataset,
+    eval_data: SparseDataset | None,
+    workdir: Path | None = None,
+    progress: Progress | None = None,
+) -> dict[str, ModeResult]:
+    """Every mode on its own fresh cluster, same batches and model; results by mode."""
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="heraldps-local-") as scratch:
+        root = workdir or Path(scratch)
+        for mode in modes:
+            results[mode] = run_mode(
+                job if mode == "het" else replace(job, staleness=0),
+                mode, shards, train, eval_data, root / mode, progress,
+            )  # fmt: skip
+    return results

@@ -1,0 +1,85 @@
+"""Single-process synchronous training: what every mode with staleness 0 must equal.
+
+The same global batches, model, initializers and optimizer functions as the
+cluster, with no PS, cache or scheduler: each iteration computes the
+gradient of the mean loss over the whole global batch, sums it per key and
+applies the optimizer once per touched row (a row's version counts the
+iterations that updated it), and applies the dense gradient to the dense
+rows in the PS's row layout. The cluster may differ only by float32
+summation order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.datasets import SparseDataset
+from heraldps.keyindex import KeyIndex
+from worker_client.job import TrainingJob
+from worker_client.minibatch import global_batches, select
+from worker_client.trainer import model_for
+
+
+class ReferenceTrainer:
+    """Embedding rows in growable arrays; dense parameters as the PS's rows."""
+
+    def __init__(self, job: TrainingJob, dataset: SparseDataset) -> None:
+        self.job = job
+        self.model = model_for(job, dataset)
+        self.optimizer = job.make_optimizer()
+        self.initializer = job.make_initializer()
+        dim = job.embedding_dim
+        self.index = KeyIndex()
+        self.values = np.zeros((0, dim), np.float32)
+        self.state = np.zeros((0, self.optimizer.state_width(dim)), np.float32)
+        self.versions = np.zeros(0, np.int64)
+        self.dense_param = job.dense_parameter(self.model.dense_size)
+        self.dense_rows = self.dense_param.to_rows(self.model.init_dense())
+        self.dense_state = self.optimizer.init_state(
+            self.dense_param.rows, self.dense_param.row_width
+        )
+        self.losses: list[float] = []
+
+    def _rows(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        known = len(self.index)
+        rows = self.index.insert(keys)
+        added = len(self.index) - known
+        if added:
+            fresh = np.empty(added, np.int64)
+            fresh[rows[rows >= known] - known] = keys[rows >= known]
+            dim = self.job.embedding_dim
+            self.values = np.concatenate([self.values, self.initializer.generate(fresh, dim)])
+            self.state = np.concatenate([self.state, self.optimizer.init_state(added, dim)])
+            self.versions = np.concatenate([self.versions, np.zeros(added, np.int64)])
+        return rows
+
+    def step(self, batch: SparseDataset) -> None:
+        mb = select(batch, np.arange(batch.rows, dtype=np.int64))
+        rows = self._rows(mb.keys)
+        dense = self.dense_param.from_rows(self.dense_rows)
+        loss, emb_grad, dense_grad = self.model.forward_backward(
+            dense, self.values[rows], mb.field_rows, mb.dense, mb.labels,
+            loss_scale=float(batch.rows),
+        )  # fmt: skip
+        values, state = self.values[rows], self.state[rows]
+        self.optimizer.apply(values, state, emb_grad)
+        self.values[rows], self.state[rows] = values, state
+        self.versions[rows] += 1
+        self.optimizer.apply(
+            self.dense_rows, self.dense_state, self.dense_param.to_rows(dense_grad)
+        )
+        self.losses.append(loss / batch.rows)
+
+    def train(self, dataset: SparseDataset) -> None:
+        for batch in global_batches(
+            dataset, self.job.global_batch, self.job.iterations, self.job.epochs
+        ):
+            self.step(batch)
+
+    def rows_of(
+        self, keys: npt.NDArray[np.int64]
+    ) -> tuple[np.ndarray, np.ndarray, npt.NDArray[np.int64]]:
+        """Values, state and versions of ``keys`` (unseen keys: initial rows, version 0)."""
+        rows = self._rows(keys)
+        return self.values[rows], self.state[rows], self.versions[rows]
