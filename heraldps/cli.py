@@ -223,7 +223,7 @@ def _add_local_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--batch-size-per-worker", type=int, default=128)
     p.add_argument("--iterations", type=int, default=None, help="at most this many batches")
-    p.add_argument("--epochs", type=int, default=2, help="passes over the training data")
+    p.add_argument("--epochs", type=int, default=4, help="passes over the training data")
     p.add_argument(
         "--cache-fraction",
         type=float,

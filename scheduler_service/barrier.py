@@ -38,6 +38,8 @@ class Barrier:
         self.final_flush = 0
         self._plans: dict[int, list[CommPlan]] = {}
         self._done: dict[int, set[int]] = {}
+        self._loss: dict[int, tuple[float, int]] = {}
+        self.last_loss = float("nan")
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
 
@@ -124,7 +126,9 @@ class Barrier:
             plans = self._plans.get(wanted())
             return None if plans is None else plans[worker]
 
-    def report_done(self, worker: int, iteration: int) -> bool:
+    def report_done(
+        self, worker: int, iteration: int, loss_sum: float = 0.0, samples: int = 0
+    ) -> bool:
         """Record a worker's report; commit on the PS when it completes the iteration."""
         self._check_worker(worker)
         with self._lock:
@@ -138,12 +142,16 @@ class Barrier:
                 raise FailedPrecondition(f"iteration {iteration} has no released plans yet")
             done = self._done.setdefault(iteration, set())
             done.add(worker)
+            loss, count = self._loss.get(iteration, (0.0, 0))
+            self._loss[iteration] = (loss + loss_sum, count + samples)
             if len(done) < self.num_workers:
                 return False
         # Every worker reported: commit outside the lock (it talks to the PS).
         self._commit(iteration)
         with self._lock:
             self.committed = iteration
+            loss, count = self._loss.pop(iteration)
+            self.last_loss = loss / count if count else float("nan")
             del self._plans[iteration]
             del self._done[iteration]
             self._changed.notify_all()

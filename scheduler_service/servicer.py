@@ -60,6 +60,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.metrics = metrics
         self.table = table
         self.stopping = stopping
+        self.reported = scheduler_pb2.TrafficCounters()  # every report so far, summed
+        self._reported_lock = threading.Lock()
 
     def record_rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         self.metrics.requests.labels(method, code.name).inc()
@@ -137,8 +139,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def ReportDone(
         self, request: scheduler_pb2.ReportDoneRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.ReportDoneResponse:
-        committed = self.barrier.report_done(request.worker_id, request.iteration)
+        committed = self.barrier.report_done(
+            request.worker_id, request.iteration, request.loss_sum, request.samples
+        )
         m, c, worker = self.metrics, request.counters, str(request.worker_id)
+        with self._reported_lock:
+            self.reported.MergeFrom(
+                scheduler_pb2.TrafficCounters(
+                    pulled_rows=self.reported.pulled_rows + c.pulled_rows,
+                    pushed_gradient_rows=self.reported.pushed_gradient_rows
+                    + c.pushed_gradient_rows,
+                    written_back_rows=self.reported.written_back_rows + c.written_back_rows,
+                    cache_hits=self.reported.cache_hits + c.cache_hits,
+                    final_flush_rows=self.reported.final_flush_rows + c.final_flush_rows,
+                    version_checks=self.reported.version_checks + c.version_checks,
+                )
+            )
         m.reported_rows.labels(m.mode, worker, "pull").inc(c.pulled_rows)
         m.reported_rows.labels(m.mode, worker, "grad_push").inc(c.pushed_gradient_rows)
         m.reported_rows.labels(m.mode, worker, "write_back").inc(c.written_back_rows)
@@ -162,4 +178,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             next_batch_iteration=0 if next_batch is None else next_batch,
             backlog=b.backlog,
             finished=b.finished,
+            reported=self.reported,
+            last_loss=b.last_loss,
         )

@@ -225,9 +225,13 @@ def run_mode(
 
         feeder = threading.Thread(target=feed, name="feeder", daemon=True)
         feeder.start()
-        _monitor(scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress,
-                 errors)  # fmt: skip
+        first_commit = _monitor(
+            scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress, errors
+        )
         seconds = time.perf_counter() - started
+        # Throughput from the first commit on: worker start-up is not training.
+        steady = time.perf_counter() - (first_commit or started)
+        steady_samples = (len(batches) - (1 if first_commit else 0)) * job.global_batch
         reports = [
             json.loads((workdir / f"worker-{w}.json").read_text()) for w in range(job.workers)
         ]
@@ -242,7 +246,7 @@ def run_mode(
             mode=mode,
             iterations=len(batches),
             seconds=seconds,
-            samples_per_second=len(batches) * job.global_batch / max(seconds, 1e-9),
+            samples_per_second=steady_samples / max(steady, 1e-9),
             traffic=traffic,
             ps_counted=ps_counted,
             per_iteration=per_iteration,
@@ -265,8 +269,11 @@ def _monitor(
     mode: str,
     progress: Progress | None,
     errors: list[BaseException],
-) -> None:
-    """Wait for every worker to exit 0; fail fast (with the log) when any process dies."""
+) -> float | None:
+    """Wait for every worker to exit 0; fail fast (with the log) when any process dies.
+
+    Returns when the first iteration was seen committed (None if never seen)."""
+    first_commit: float | None = None
     with grpc.insecure_channel(scheduler.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         while True:
@@ -280,14 +287,22 @@ def _monitor(
                         f"({process.log_path}) ends with:\n{process.log_tail()}"
                     )
             if all(w.proc.poll() == 0 for w in workers):
-                return
-            if progress is not None:
-                try:
-                    status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=5)
-                    progress(mode, status.committed_iteration + 1, iterations, {})
-                except grpc.RpcError:
-                    pass
-            time.sleep(0.2)
+                return first_commit
+            try:
+                status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=5)
+            except grpc.RpcError:
+                status = None
+            if status is not None and status.committed_iteration >= 0 and first_commit is None:
+                first_commit = time.perf_counter()
+            if progress is not None and status is not None:
+                r = status.reported
+                so_far = {
+                    "loss": status.last_loss,
+                    "pulls": r.pulled_rows,
+                    "pushes": r.pushed_gradient_rows + r.written_back_rows,
+                }
+                progress(mode, status.committed_iteration + 1, iterations, so_far)
+            time.sleep(0.05)
 
 
 def _combine(

@@ -53,7 +53,7 @@ def run_local_command(args: argparse.Namespace) -> int:
     )  # fmt: skip
     job, train, held_out = datasets(args, job)
     job = replace(job, cache_rows=cache_rows_for(train, args.cache_fraction))
-    console = Console()
+    console = Console(width=None if Console().is_terminal else 160)
     console.print(
         f"[bold]heraldps local[/]: {train.rows:,} training rows ({Path(job.data).name}), "
         f"{held_out.rows:,} held out; {job.workers} workers x {job.batch_size_per_worker}, "
@@ -66,15 +66,28 @@ def run_local_command(args: argparse.Namespace) -> int:
     ) as bars:  # fmt: skip
         tasks = {m: bars.add_task(m, total=None, rate="") for m in modes}
 
-        def progress(mode: str, done: int, total: int, _: dict[str, float]) -> None:
-            bars.update(tasks[mode], completed=done, total=total)
+        def progress(mode: str, done: int, total: int, so_far: dict[str, float]) -> None:
+            elapsed = bars.tasks[tasks[mode]].elapsed or 0.0
+            rate = done * job.global_batch / elapsed if elapsed else 0.0
+            bars.update(
+                tasks[mode],
+                completed=done,
+                total=total,
+                rate=f"{rate:,.0f} samples/s  loss {so_far['loss']:.4f}  "
+                f"pulled {int(so_far['pulls']):,}  pushed {int(so_far['pushes']):,}",
+            )
 
         results = run_local(
             job, modes, args.shards, train, held_out,
             Path(args.workdir) if args.workdir else None, progress,
         )  # fmt: skip
         for mode, result in results.items():
-            bars.update(tasks[mode], rate=f"{result.samples_per_second:,.0f} samples/s")
+            t = result.traffic
+            bars.update(
+                tasks[mode],
+                rate=f"{result.samples_per_second:,.0f} samples/s  pulled {t['pulls']:,}  "
+                f"pushed {t['grad_pushes'] + t['write_backs']:,}",
+            )
     console.print(summary_table(results))
     config = {**asdict(job), "shards": args.shards, "cache_fraction": args.cache_fraction}
     if args.json:

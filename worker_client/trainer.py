@@ -174,6 +174,7 @@ class WorkerTrainer:
         """Execute ``plan`` on ``batch`` (the global batch of ``plan.iteration``)."""
         cache, t = self.cache, plan.iteration
         traffic = Traffic()
+        self._check_write_backs(plan)
         if plan.evict.shape[0]:
             slots = cache.slots(plan.evict)
             if np.any(slots < 0):
@@ -213,12 +214,6 @@ class WorkerTrainer:
             traffic.grad_pushes += plan.push_grads.shape[0]
         self.ps.push_dense_gradients(self.dense, self._host(dense_grad), t)
         if plan.write_back.shape[0]:
-            slots_wb = cache.slots(plan.write_back)
-            if np.any(slots_wb < 0) or not np.all(cache.dirty[slots_wb]):
-                raise PlanMismatch(
-                    f"plan {t} writes back rows worker {self.worker} does not hold dirty: "
-                    f"{plan.write_back[(slots_wb < 0) | ~cache.dirty[np.maximum(slots_wb, 0)]][:5]}"
-                )
             self._write_back(plan.write_back)
             traffic.write_backs += plan.write_back.shape[0]
         if plan.final_flush:
@@ -227,6 +222,23 @@ class WorkerTrainer:
                 self._write_back(dirty)
             traffic.final_flush += dirty.shape[0]
         return traffic, loss
+
+    def _check_write_backs(self, plan: CommPlan) -> None:
+        """Before anything changes: every row to write back will be dirty by then (dirty
+        now and not evicted or refreshed, or updated locally in this iteration)."""
+        if not plan.write_back.shape[0]:
+            return
+        cache = self.cache
+        slots = cache.slots(plan.write_back)
+        dirty_now = np.zeros(slots.shape[0], dtype=bool)
+        dirty_now[slots >= 0] = cache.dirty[slots[slots >= 0]]
+        dirty_now &= ~np.isin(plan.write_back, plan.evict) & ~np.isin(plan.write_back, plan.pull)
+        ok = dirty_now | np.isin(plan.write_back, plan.update_local)
+        if not np.all(ok):
+            raise PlanMismatch(
+                f"plan {plan.iteration} writes back rows worker {self.worker} will not hold "
+                f"dirty: {plan.write_back[~ok][:5].tolist()}"
+            )
 
     def _pull_planned(self, plan: CommPlan) -> None:
         cache = self.cache

@@ -88,7 +88,11 @@ def run_worker(config: WorkerConfig) -> int:
                 traffic, loss = trainer.run_plan(plan, batch)
             scheduler.ReportDone(
                 scheduler_pb2.ReportDoneRequest(
-                    worker_id=w, iteration=plan.iteration, counters=counters(traffic)
+                    worker_id=w,
+                    iteration=plan.iteration,
+                    counters=counters(traffic),
+                    loss_sum=loss,
+                    samples=int(plan.samples.shape[0]),
                 ),
                 timeout=config.timeout_seconds,
             )

@@ -299,8 +299,16 @@ class ReportDoneRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     ITERATION_FIELD_NUMBER: _builtins.int
     COUNTERS_FIELD_NUMBER: _builtins.int
+    LOSS_SUM_FIELD_NUMBER: _builtins.int
+    SAMPLES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.int
     iteration: _builtins.int
+    loss_sum: _builtins.float
+    """Sum of the training loss over the worker's samples this iteration (for
+    progress displays; the scheduler only adds it up).
+    """
+    samples: _builtins.int
+    """Samples the worker trained this iteration."""
     @_builtins.property
     def counters(self) -> Global___TrafficCounters: ...
     def __init__(
@@ -309,10 +317,12 @@ class ReportDoneRequest(_message.Message):
         worker_id: _builtins.int = ...,
         iteration: _builtins.int = ...,
         counters: Global___TrafficCounters | None = ...,
+        loss_sum: _builtins.float = ...,
+        samples: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "iteration", b"iteration", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "iteration", b"iteration", "loss_sum", b"loss_sum", "samples", b"samples", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -363,6 +373,8 @@ class SchedulerStatus(_message.Message):
     NEXT_BATCH_ITERATION_FIELD_NUMBER: _builtins.int
     BACKLOG_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
+    REPORTED_FIELD_NUMBER: _builtins.int
+    LAST_LOSS_FIELD_NUMBER: _builtins.int
     num_workers: _builtins.int
     committed_iteration: _builtins.int
     """-1 before the first commit."""
@@ -371,8 +383,14 @@ class SchedulerStatus(_message.Message):
     backlog: _builtins.int
     """Released plans of iterations not yet committed."""
     finished: _builtins.bool
+    last_loss: _builtins.float
+    """Mean training loss of the last committed iteration (NaN before any)."""
     @_builtins.property
     def registered_workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def reported(self) -> Global___TrafficCounters:
+        """What every worker reported so far, summed."""
+
     def __init__(
         self,
         *,
@@ -382,10 +400,12 @@ class SchedulerStatus(_message.Message):
         next_batch_iteration: _builtins.int = ...,
         backlog: _builtins.int = ...,
         finished: _builtins.bool = ...,
+        reported: Global___TrafficCounters | None = ...,
+        last_loss: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reported", b"reported"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "committed_iteration", b"committed_iteration", "finished", b"finished", "next_batch_iteration", b"next_batch_iteration", "num_workers", b"num_workers", "registered_workers", b"registered_workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "committed_iteration", b"committed_iteration", "finished", b"finished", "last_loss", b"last_loss", "next_batch_iteration", b"next_batch_iteration", "num_workers", b"num_workers", "registered_workers", b"registered_workers", "reported", b"reported"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
