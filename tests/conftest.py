@@ -52,3 +52,15 @@ def cluster() -> Iterator[ClusterFactory]:
         client.close()
         for server in servers:
             server.stop(grace=0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.gpu`` tests run only where CuPy sees a CUDA GPU (never in CI)."""
+    from worker_client.device import gpu_available
+
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs CuPy and a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -70,6 +70,21 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
             assert live["final_flush"] == expected["final_flush"], mode
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["herald", "het"])
+def test_gpu_workers_train_the_single_process_model(mode: str, tmp_path: Path) -> None:
+    """The CuPy cache and model path: the same model as NumPy single-process training."""
+    job = replace(small_job("adam"), device="gpu")
+    train = job.read()
+    reference = ReferenceTrainer(job, train)
+    reference.train(train)
+    model = run_mode(job, mode, 2, train, None, tmp_path, keep_model=True).model
+    values, state, _ = reference.rows_of(model["keys"])
+    np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6)
+
+
 def test_het_with_staleness_moves_fewer_rows_at_equal_quality(tmp_path: Path) -> None:
     job = replace(small_job("adagrad"), iterations=None, batch_size_per_worker=128)
     job = replace(job, cache_rows=cache_rows_for(job.read(), 0.1))

@@ -19,14 +19,16 @@ from worker_client.trainer import PlanMismatch, WorkerTrainer, create_tables
 TRAIN, _ = bundled_data()
 
 
-def one_worker(cluster: ClusterFactory) -> tuple[WorkerTrainer, list[CommPlan], TrainingJob]:
+def one_worker(
+    cluster: ClusterFactory, mode: str = "herald"
+) -> tuple[WorkerTrainer, list[CommPlan], TrainingJob]:
     job = TrainingJob(data=str(TRAIN), workers=1, batch_size_per_worker=16, iterations=3,
                       embedding_dim=4, hidden=(8,), cache_rows=2000)  # fmt: skip
     dataset = job.read()
     _, ps = cluster(2)
     trainer = WorkerTrainer(job, dataset, 0, ps, job.cache_rows)
     create_tables(ps, job, trainer.model)
-    scheduler = Scheduler(1, job.cache_rows, "herald")
+    scheduler = Scheduler(1, job.cache_rows, mode)
     batches = global_batches(dataset, job.global_batch, job.iterations)
     plans: list[CommPlan] = []
     for t, batch in enumerate(batches):
@@ -55,3 +57,11 @@ def test_plans_run_and_mismatches_are_refused(cluster: ClusterFactory) -> None:
                     write_back=np.array([777], np.int64)),
             batches[1],
         )  # fmt: skip
+
+
+def test_pulling_a_row_held_at_the_latest_version_is_refused(cluster: ClusterFactory) -> None:
+    trainer, plans, job = one_worker(cluster, "naive")  # naive: rows are clean after each step
+    batches = global_batches(job.read(), job.global_batch, job.iterations)
+    trainer.run_plan(plans[0], batches[0])
+    with pytest.raises(PlanMismatch, match="latest version"):
+        trainer.run_plan(replace(plans[1], pull=plans[0].update_local[:2]), batches[1])

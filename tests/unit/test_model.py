@@ -265,6 +265,7 @@ def test_bad_shapes_are_rejected() -> None:
         model.predict(dense, batch.emb, batch.field_rows[:, :2], batch.dense_x)
 
 
+@pytest.mark.gpu
 def test_cupy_matches_numpy() -> None:
     cupy = pytest.importorskip("cupy")
     from worker_client.device import gpu_available
