@@ -308,14 +308,18 @@ def _monitor(
 def _combine(
     reports: list[dict[str, Any]], iterations: int, global_batch: int
 ) -> tuple[dict[str, int], list[dict[str, float]]]:
-    """Traffic summed over workers; per iteration: rows moved and mean loss."""
+    """Traffic summed over workers; per iteration: rows moved, mean loss, and the
+    slowest worker's time from receiving its plan to its report."""
     keys = ("pulls", "grad_pushes", "write_backs", "final_flush", "version_checks", "hits")
     totals = dict.fromkeys(keys, 0)
-    per_iteration = [{"loss": 0.0, **dict.fromkeys(keys, 0)} for _ in range(iterations)]
+    per_iteration = [
+        {"loss": 0.0, "seconds": 0.0, **dict.fromkeys(keys, 0)} for _ in range(iterations)
+    ]
     for report in reports:
         for entry in report["iterations"]:
             row = per_iteration[entry["iteration"]]
             row["loss"] += entry["loss_sum"] / global_batch
+            row["seconds"] = max(row["seconds"], entry["seconds"])  # the slowest worker
             for k in keys:
                 row[k] += entry[k]
                 totals[k] += entry[k]
