@@ -24,7 +24,8 @@ def summary_table(results: dict[str, ModeResult]) -> Table:
     reports = {mode: r.report() for mode, r in results.items()}
     base = reports.get("naive")
     table = Table(title="heraldps local: traffic and quality per mode")
-    for column in ("mode", "samples/s", "pulled rows", "pushed rows", "final flush",
+    for column in ("mode", "samples/s", "pulled rows", "pushed rows", "of which written back",
+                   "final flush",
                    "MiB pulled", "MiB pushed", "pull", "push", "overall", "AUC", "logloss",
                    "PS agrees"):  # fmt: skip
         table.add_column(column, justify="left" if column == "mode" else "right")
@@ -39,7 +40,8 @@ def summary_table(results: dict[str, ModeResult]) -> Table:
             ]
         table.add_row(
             mode, f"{r['samples_per_second']:,.0f}", f"{r['pulls']:,}", f"{r['pushes']:,}",
-            f"{r['final_flush']:,}", _mib(r["bytes_pulled"]), _mib(r["bytes_pushed"]), *ratios,
+            f"{r['write_backs']:,}", f"{r['final_flush']:,}", _mib(r["bytes_pulled"]),
+            _mib(r["bytes_pushed"]), *ratios,
             f"{r['auc']:.4f}", f"{r['logloss']:.4f}",
             "yes" if ps_agrees(results[mode]) else "NO",
         )  # fmt: skip
