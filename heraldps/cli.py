@@ -54,10 +54,45 @@ def _add_ps_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument(
         "--port-file", default=None, help="write '<port> <metrics port>' here when ready"
     )
+    cached = p.add_argument_group("cached store (--store cached)")
+    p.add_argument(
+        "--store",
+        default="staged",
+        choices=("staged", "cached"),
+        help="staged: tables in host memory; cached: LMDB on disk behind a host cache",
+    )
+    cached.add_argument("--data-dir", default=None, help="directory of the LMDB files")
+    cached.add_argument("--cache-gb", type=float, default=1.0, help="host cache per table, GiB")
+    cached.add_argument(
+        "--target-hit-rate",
+        type=float,
+        default=1.0,
+        help="requests hitting at least this often do not insert their misses",
+    )
+    cached.add_argument(
+        "--max-num-evict",
+        type=int,
+        default=-1,
+        help="freeze the cache after this many evicting requests (-1: never)",
+    )
+    cached.add_argument(
+        "--durability",
+        default="sync",
+        choices=("sync", "periodic"),
+        help="fsync every acknowledged change (sync) or every 5 s (periodic)",
+    )
+    cached.add_argument(
+        "--max-disk-gb",
+        type=float,
+        default=1024.0,
+        help="LMDB map size; writes beyond it fail with RESOURCE_EXHAUSTED",
+    )
+    p.add_argument("--restore", default=None, help="load this Save snapshot at start")
     p.set_defaults(run=_run_ps)
 
 
 def _run_ps(args: argparse.Namespace) -> int:
+    from heraldps.errors import HeraldError
     from ps_server.server import PSConfig, serve
 
     try:
@@ -72,11 +107,19 @@ def _run_ps(args: argparse.Namespace) -> int:
             threads=args.threads,
             grace_seconds=args.grace_seconds,
             port_file=args.port_file,
+            store=args.store,
+            data_dir=args.data_dir,
+            cache_gb=args.cache_gb,
+            target_hit_rate=args.target_hit_rate,
+            max_num_evict=args.max_num_evict,
+            durability=args.durability,
+            max_disk_gb=args.max_disk_gb,
+            restore=args.restore,
         )
-    except ValueError as exc:
+        return serve(config)
+    except (ValueError, OSError, HeraldError) as exc:
         print(f"heraldps ps: {exc}", file=sys.stderr)
         return 2
-    return serve(config)
 
 
 def _add_scheduler_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

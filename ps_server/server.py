@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import grpc
 from google.protobuf import message_factory
@@ -11,6 +12,9 @@ from google.protobuf.message import Message
 
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import ps_pb2
+from ps_server import snapshot
+from ps_server.cached_store import CachedStore
+from ps_server.cached_table import CachePolicy
 from ps_server.metrics import PSMetrics
 from ps_server.servicer import ParameterServerServicer
 from ps_server.store import StagedStore
@@ -34,8 +38,24 @@ class PSConfig:
     threads: int = 16
     grace_seconds: float = 10.0
     port_file: str | None = None
+    store: str = "staged"  # staged (host memory) | cached (LMDB on disk + host cache)
+    data_dir: str | None = None
+    cache_gb: float = 1.0  # per table, cached store
+    target_hit_rate: float = 1.0
+    max_num_evict: int = -1
+    durability: str = "sync"
+    max_disk_gb: float = 1024.0
+    restore: str | None = None  # a Save snapshot to load at start
 
     def __post_init__(self) -> None:
+        if self.store not in ("staged", "cached"):
+            raise ValueError(f"--store must be staged or cached, got {self.store!r}")
+        if self.store == "cached" and not self.data_dir:
+            raise ValueError("--store cached needs --data-dir DIR (where the LMDB files live)")
+        if self.durability not in ("sync", "periodic"):
+            raise ValueError(f"--durability must be sync or periodic, got {self.durability!r}")
+        if not 0.0 <= self.target_hit_rate <= 1.0:
+            raise ValueError(f"--target-hit-rate must be in [0, 1], got {self.target_hit_rate}")
         if not 0 <= self.shard_index < self.num_shards:
             raise ValueError(
                 f"--shard-index must be in 0..{self.num_shards - 1} for --num-shards "
@@ -84,7 +104,24 @@ class PSServer(GrpcProcess):
         limit = None
         if config.memory_limit_gb is not None:
             limit = int(config.memory_limit_gb * 2**30)
-        self.store = StagedStore(config.shard_index, config.num_shards, limit)
+        self.store: StagedStore | CachedStore
+        if config.store == "cached":
+            assert config.data_dir is not None
+            policy = CachePolicy(
+                int(config.cache_gb * 2**30), config.target_hit_rate, config.max_num_evict
+            )
+            self.store = CachedStore(
+                config.data_dir, config.shard_index, config.num_shards, policy,
+                config.durability, config.max_disk_gb,
+            )  # fmt: skip
+        else:
+            self.store = StagedStore(config.shard_index, config.num_shards, limit)
+        if config.restore:
+            iteration, tables = snapshot.read_for_shard(
+                Path(config.restore), config.shard_index, config.num_shards
+            )
+            rows = self.store.replace_all(iteration, tables)
+            log.info("restored %d rows at iteration %d from %s", rows, iteration, config.restore)
         self.metrics = PSMetrics(config.shard_index)
         self.servicer = ParameterServerServicer(self.store, self.metrics, config.max_message_bytes)
         super().__init__(
@@ -104,6 +141,11 @@ class PSServer(GrpcProcess):
     def start(self) -> None:
         super().start()
         log.info("config %s", asdict(self.config))
+
+    def stop(self, grace: float | None = None) -> None:
+        super().stop(grace)
+        if isinstance(self.store, CachedStore):
+            self.store.close()
 
 
 def serve(config: PSConfig) -> int:

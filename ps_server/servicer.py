@@ -26,9 +26,14 @@ from heraldps.spec import TableSpec
 from heraldps.status import stream_handler, unary_handler
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
 from ps_server import snapshot
+from ps_server.cached_store import CachedStore
+from ps_server.cached_table import CachedTable
 from ps_server.metrics import PSMetrics
 from ps_server.store import StagedStore
 from ps_server.table import StagedTable
+
+Store = StagedStore | CachedStore
+Table = StagedTable | CachedTable
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +49,7 @@ def _os_error(exc: OSError, what: str) -> HeraldError:
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     """Serves one shard's store."""
 
-    def __init__(self, store: StagedStore, metrics: PSMetrics, max_message_bytes: int) -> None:
+    def __init__(self, store: Store, metrics: PSMetrics, max_message_bytes: int) -> None:
         self.store = store
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
@@ -57,7 +62,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         m.requests.labels(m.shard, method, code.name).inc()
         m.latency.labels(m.shard, method).observe(seconds)
 
-    def _info(self, table: StagedTable) -> types_pb2.TableInfo:
+    def _info(self, table: Table) -> types_pb2.TableInfo:
         return types_pb2.TableInfo(
             spec=table.spec.to_proto(),
             state_width=table.state_width,
@@ -67,7 +72,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             num_shards=self.store.num_shards,
         )
 
-    def _observe_size(self, table: StagedTable) -> None:
+    def _observe_size(self, table: Table) -> None:
         m = self.metrics
         m.rows.labels(m.shard, table.name).set(table.rows)
         m.bytes.labels(m.shard, table.name).set(table.nbytes)
@@ -145,7 +150,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         table = self.store.table(request.table)
         keys = wire.decode_keys(request.keys)
         grads = wire.decode_rows(request.grads, keys.shape[0], table.dim, "grads")
-        applied = table.push(request.iteration, keys, grads)
+        applied = self.store.push(table.name, request.iteration, keys, grads)
         self.metrics.pushed.labels(self.metrics.shard, table.name).inc(keys.shape[0])
         self._observe_size(table)
         return ps_pb2.PushGradientsResponse(rows=keys.shape[0], applied=applied)
@@ -184,7 +189,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 f"write_back: {n} keys but {base.shape[0]} base_versions and "
                 f"{new.shape[0]} new_versions; send one of each per key"
             )
-        table.write_back(keys, values, state, base, new)
+        self.store.write_back(table.name, keys, values, state, base, new)
         self.metrics.written_back.labels(self.metrics.shard, table.name).inc(n)
         self._observe_size(table)
         return ps_pb2.WriteBackResponse(rows=n)

@@ -21,8 +21,9 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.errors import InvalidArgument, StaleIteration, TableExists, UnknownTable
+from heraldps.errors import InvalidArgument, UnknownTable
 from heraldps.spec import TableSpec
+from ps_server.checks import check_commit_order, check_same_spec
 from ps_server.memory import MemoryBudget
 from ps_server.table import RowBlock, StagedTable
 
@@ -48,12 +49,7 @@ class StagedStore:
         with self._commit_lock:
             existing = self._tables.get(spec.name)
             if existing is not None:
-                if existing.spec != spec:
-                    raise TableExists(
-                        f"table {spec.name!r} already exists with a different spec "
-                        f"(existing: {existing.spec}, requested: {spec}); pick another name "
-                        "or send the existing spec"
-                    )
+                check_same_spec(existing.spec, spec)
                 return existing, False
             table = StagedTable(spec, self.budget, self.committed_iteration)
             self._tables[spec.name] = table
@@ -80,12 +76,7 @@ class StagedStore:
     def commit(self, iteration: int) -> tuple[int, bool]:
         """Apply buffered gradients through ``iteration``; return (rows updated, already)."""
         with self._commit_lock:
-            if iteration < self.committed_iteration:
-                raise StaleIteration(
-                    f"commit of iteration {iteration}, but iteration {self.committed_iteration} "
-                    "is already committed; iterations are committed in increasing order"
-                )
-            if iteration == self.committed_iteration:
+            if check_commit_order(iteration, self.committed_iteration):
                 return 0, True
             updated = sum(table.commit_through(iteration) for table in self.tables())
             self.committed_iteration = iteration

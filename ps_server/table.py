@@ -21,9 +21,10 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps import hostmem
-from heraldps.errors import InvalidArgument, StaleIteration, VersionConflict
+from heraldps.errors import InvalidArgument
 from heraldps.keyindex import KeyIndex, distinct
 from heraldps.spec import TableSpec, UpdateMode
+from ps_server.checks import check_push_iteration, check_versions_unchanged, check_write_back
 from ps_server.kernels import gather_rows, scatter_add_rows
 from ps_server.memory import MemoryBudget
 
@@ -205,11 +206,7 @@ class StagedTable:
                 rows = self._lookup_or_create(unique, what)
                 self._apply(rows, summed, self.committed_iteration + 1)
                 return True
-            if iteration <= self.committed_iteration:
-                raise StaleIteration(
-                    f"push to iteration {iteration} of table {self.name!r}, but iteration "
-                    f"{self.committed_iteration} is already committed; push to a newer iteration"
-                )
+            check_push_iteration(self.name, iteration, self.committed_iteration)
             buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
             new_in_buffer = keys[buffer.index.lookup(keys) < 0]
             new_in_buffer = distinct(new_in_buffer)[0]
@@ -258,28 +255,13 @@ class StagedTable:
         new_versions: npt.NDArray[np.int64],
     ) -> None:
         """Store rows a worker updated, only if every stored version equals its base."""
-        if distinct(keys)[0].shape[0] != keys.shape[0]:
-            raise InvalidArgument("write_back: keys must be distinct (one row per key)")
-        behind = new_versions < base_versions
-        if behind.any():
-            i = int(np.flatnonzero(behind)[0])
-            raise InvalidArgument(
-                f"write_back: key {keys[i]} has new_version {new_versions[i]} < base_version "
-                f"{base_versions[i]}; versions only move forward"
-            )
+        check_write_back(keys, base_versions, new_versions)
         with self.lock:
             rows = self._index.lookup(keys)
             present = rows >= 0
             stored = np.zeros(keys.shape[0], dtype=np.int64)
             stored[present] = self._versions[rows[present]]
-            moved = stored != base_versions
-            if moved.any():
-                i = int(np.flatnonzero(moved)[0])
-                raise VersionConflict(
-                    f"write_back to {self.name!r} rejected: {int(moved.sum())} of {keys.shape[0]} "
-                    f"rows changed since the worker read them (key {keys[i]}: stored version "
-                    f"{stored[i]}, base_version {base_versions[i]}); pull them again and retry"
-                )
+            check_versions_unchanged(self.name, keys, stored, base_versions)
             rows = self._lookup_or_create(keys, f"write_back of {keys.shape[0]} rows")
             self._values[rows] = values
             self._state[rows] = state

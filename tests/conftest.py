@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,9 @@ def cluster() -> Iterator[ClusterFactory]:
         max_message_mb: int = 64,
         memory_limit_gb: float | None = None,
         client_max_message_mb: int | None = None,
+        **store: Any,
     ) -> tuple[list[PSServer], PSClient]:
+        """``store``: extra PSConfig fields, e.g. ``store="cached", data_dir=...``."""
         servers = []
         for index in range(num_shards):
             server = PSServer(
@@ -35,6 +38,7 @@ def cluster() -> Iterator[ClusterFactory]:
                     max_message_mb=max_message_mb,
                     memory_limit_gb=memory_limit_gb,
                     grace_seconds=1.0,
+                    **store,
                 )
             )
             server.start()

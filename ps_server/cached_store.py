@@ -1,0 +1,303 @@
+"""A Cached-PS shard (HugeCTR's Cached-PS): every table in one LMDB environment on disk.
+
+``DATA_DIR`` holds one LMDB environment per shard. Besides a named
+database per table (``ps_server.lmdb_rows``) it has ``meta``: the format
+marker, the shard's identity (index and count), each table's spec (proto
+bytes) and the last committed iteration.
+
+Durability: ``Commit(t)`` applies the buffered gradients of every table,
+writes the changed rows and the new committed iteration in **one** LMDB write
+transaction, and answers only after that transaction is committed (and, with
+``durability="sync"``, fsynced). After ``kill -9`` at any moment a restart
+from the same directory serves exactly the last acknowledged commit: LMDB's
+copy-on-write pages make a transaction all-or-nothing. Write-backs and
+immediate pushes are written the same way before they are acknowledged.
+``durability="periodic"`` opens the environment without fsync on commit and
+syncs every ``sync_seconds``: a killed process loses nothing (the pages are
+in the OS cache), a power failure may lose the commits of the last period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    UnknownTable,
+)
+from heraldps.spec import TableSpec
+from heraldps.v1 import types_pb2
+from ps_server.cached_table import CachedTable, CachePolicy
+from ps_server.checks import check_commit_order, check_same_spec
+from ps_server.memory import MemoryBudget
+from ps_server.table import RowBlock
+
+FORMAT = b"heraldps-cached-ps/1"
+DURABILITY = ("sync", "periodic")
+_MAX_TABLES = 1000
+
+
+class CachedStore:
+    """Every table of one shard on disk (LMDB) behind per-table host caches."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        policy: CachePolicy | None = None,
+        durability: str = "sync",
+        max_disk_gb: float = 1024.0,
+        sync_seconds: float = 5.0,
+    ) -> None:
+        if durability not in DURABILITY:
+            raise ValueError(f"--durability must be one of {', '.join(DURABILITY)}")
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self.policy = policy or CachePolicy(cache_bytes=1 << 30)
+        self.durability = durability
+        self.budget = MemoryBudget(None)
+        self.path = Path(data_dir) / f"shard-{shard_index:05d}-of-{num_shards:05d}"
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_file = _exclusive_lock(self.path / "heraldps.lock")
+        try:
+            self._open(durability, max_disk_gb, sync_seconds)
+        except BaseException:
+            self._lock_file.close()
+            raise
+
+    def _open(self, durability: str, max_disk_gb: float, sync_seconds: float) -> None:
+        sync = durability == "sync"
+        try:
+            self.env = lmdb.open(
+                str(self.path), map_size=int(max_disk_gb * 2**30), max_dbs=_MAX_TABLES + 1,
+                sync=sync, metasync=sync, readahead=False, lock=True,
+            )  # fmt: skip
+        except lmdb.Error as exc:
+            raise FailedPrecondition(
+                f"cannot open the Cached-PS data directory {self.path}: {exc}; is it an LMDB "
+                "environment written by heraldps, and not in use by another shard process?"
+            ) from None
+        self.meta = self.env.open_db(b"meta")
+        self._commit_lock = threading.RLock()
+        self._write_lock = threading.Lock()
+        self._tables: dict[str, CachedTable] = {}
+        self.committed_iteration = -1
+        try:
+            self._open_existing()
+        except BaseException:
+            self.env.close()
+            raise
+        self._stop_sync = threading.Event()
+        if not sync:
+            threading.Thread(
+                target=self._sync_periodically, args=(sync_seconds,), daemon=True
+            ).start()
+
+    # ----- on-disk identity --------------------------------------------------
+    def _open_existing(self) -> None:
+        with self.env.begin(write=True, db=self.meta) as txn:
+            fmt = txn.get(b"format")
+            identity = json.dumps({"shard_index": self.shard_index, "num_shards": self.num_shards})
+            if fmt is None:
+                if self.env.stat()["entries"] > 1:  # more than our own 'meta' database
+                    raise FailedPrecondition(
+                        f"{self.path} holds an LMDB environment not written by heraldps; "
+                        "point --data-dir at an empty or heraldps directory"
+                    )
+                txn.put(b"format", FORMAT)
+                txn.put(b"identity", identity.encode())
+                txn.put(b"committed_iteration", b"-1")
+                return
+            if fmt != FORMAT:
+                raise FailedPrecondition(
+                    f"{self.path} was written in format {fmt!r}, this server reads {FORMAT!r}"
+                )
+            stored = txn.get(b"identity", b"").decode()
+            if stored != identity:
+                raise FailedPrecondition(
+                    f"{self.path} belongs to {stored}, not to shard {self.shard_index} of "
+                    f"{self.num_shards}; start with the shard index and count it was written with"
+                )
+            self.committed_iteration = int(txn.get(b"committed_iteration", b"-1"))
+            cursor = txn.cursor()
+            specs = [
+                TableSpec.from_proto(types_pb2.TableSpec.FromString(value))
+                for key, value in cursor
+                if key.startswith(b"spec:")
+            ]
+        for spec in specs:
+            self._tables[spec.name] = CachedTable(
+                spec, self.env, self.policy, self.committed_iteration
+            )
+
+    @contextlib.contextmanager
+    def _write_txn(self) -> Iterator[Any]:
+        """One LMDB write transaction; disk-full and map-full become RESOURCE_EXHAUSTED."""
+        try:
+            with self.env.begin(write=True) as txn:
+                yield txn
+        except lmdb.MapFullError:
+            raise ResourceExhausted(
+                f"the Cached-PS data in {self.path} reached --max-disk-gb; raise it or add "
+                "shards (nothing of this request was written)"
+            ) from None
+        except lmdb.DiskError as exc:
+            raise ResourceExhausted(
+                f"writing {self.path} failed ({exc}); free disk space (nothing of this "
+                "request was written)"
+            ) from None
+
+    def _sync_periodically(self, seconds: float) -> None:
+        while not self._stop_sync.wait(seconds):
+            with contextlib.suppress(lmdb.Error):
+                self.env.sync(True)
+
+    def close(self) -> None:
+        self._stop_sync.set()
+        with contextlib.suppress(lmdb.Error):
+            self.env.sync(True)
+        self.env.close()
+        self._lock_file.close()
+
+    # ----- tables -----------------------------------------------------------
+    def create_table(self, spec: TableSpec) -> tuple[CachedTable, bool]:
+        with self._commit_lock, self._write_lock:
+            existing = self._tables.get(spec.name)
+            if existing is not None:
+                check_same_spec(existing.spec, spec)
+                return existing, False
+            if len(self._tables) >= _MAX_TABLES:
+                raise ResourceExhausted(f"a Cached-PS shard holds at most {_MAX_TABLES} tables")
+            table = CachedTable(spec, self.env, self.policy, self.committed_iteration)
+            with self._write_txn() as txn:
+                txn.put(f"spec:{spec.name}".encode(), spec.to_proto().SerializeToString(),
+                        db=self.meta)  # fmt: skip
+            self._tables[spec.name] = table
+            return table, True
+
+    def table(self, name: str) -> CachedTable:
+        table = self._tables.get(name)
+        if table is None:
+            raise UnknownTable(name, list(self._tables))
+        return table
+
+    def tables(self) -> list[CachedTable]:
+        return [self._tables[name] for name in sorted(self._tables)]
+
+    # ----- training -------------------------------------------------------
+    def pull(self, name: str, keys: npt.NDArray[np.int64], with_state: bool = False) -> RowBlock:
+        return self.table(name).pull(keys, with_state)
+
+    def push(
+        self, name: str, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
+    ) -> bool:
+        table = self.table(name)
+        with self._write_lock:
+            return table.push(iteration, keys, grads, self._write_txn)
+
+    def commit(self, iteration: int) -> tuple[int, bool]:
+        """Apply buffered gradients through ``iteration`` durably; (rows updated, already)."""
+        with self._commit_lock:
+            if check_commit_order(iteration, self.committed_iteration):
+                return 0, True
+            with self._write_lock:
+                tables = self.tables()
+                for table in tables:
+                    table.lock.acquire()
+                try:
+                    prepared = []
+                    with self._write_txn() as txn:
+                        for table in tables:
+                            prepared.append(table.prepare_commit(iteration, txn))
+                        txn.put(b"committed_iteration", str(iteration).encode(), db=self.meta)
+                    # Durable: only now does memory change.
+                    updated = 0
+                    for table, (rows, its, count) in zip(tables, prepared, strict=True):
+                        table.finish_commit(iteration, rows, its)
+                        updated += count
+                finally:
+                    for table in tables:
+                        table.lock.release()
+            self.committed_iteration = iteration
+            return updated, False
+
+    def write_back(
+        self,
+        name: str,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        state: npt.NDArray[np.float32],
+        base_versions: npt.NDArray[np.int64],
+        new_versions: npt.NDArray[np.int64],
+    ) -> None:
+        table = self.table(name)
+        with self._write_lock:
+            table.write_back(keys, values, state, base_versions, new_versions, self._write_txn)
+
+    def prefetch(self, name: str, keys: npt.NDArray[np.int64]) -> int:
+        return self.table(name).prefetch(keys)
+
+    def export(
+        self, since_iteration: int, name: str = ""
+    ) -> Iterator[tuple[CachedTable, RowBlock]]:
+        tables = [self.table(name)] if name else self.tables()
+        for table in tables:
+            yield table, table.export(since_iteration)
+
+    # ----- snapshots --------------------------------------------------------
+    def consistent_snapshot(self) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:
+        with self._commit_lock:
+            return self.committed_iteration, [(t.spec, t.snapshot()) for t in self.tables()]
+
+    def replace_all(
+        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]]
+    ) -> int:
+        """Swap in a snapshot's tables in one transaction; nothing changes if it fails."""
+        names = [spec.name for spec, _ in tables]
+        if len(set(names)) != len(names):
+            raise InvalidArgument("snapshot holds a table twice")
+        with self._commit_lock, self._write_lock:
+            built = {
+                spec.name: CachedTable(spec, self.env, self.policy, committed_iteration)
+                for spec, _ in tables
+            }
+            with self._write_txn() as txn:
+                for old in self.tables():
+                    if old.name not in built:
+                        old.disk.clear(txn)
+                        txn.delete(f"spec:{old.name}".encode(), db=self.meta)
+                for spec, block in tables:
+                    built[spec.name].load_rows(block, txn)
+                    txn.put(f"spec:{spec.name}".encode(), spec.to_proto().SerializeToString(),
+                            db=self.meta)  # fmt: skip
+                txn.put(b"committed_iteration", str(committed_iteration).encode(), db=self.meta)
+            self._tables = built
+            self.committed_iteration = committed_iteration
+            return sum(len(block) for _, block in tables)
+
+
+def _exclusive_lock(path: Path) -> Any:
+    """Hold an exclusive lock on ``path`` for the life of the process (one shard per dir)."""
+    handle = open(path, "a+")  # noqa: SIM115 - kept open on purpose
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise FailedPrecondition(
+            f"{path.parent} is in use by another heraldps shard process; stop it first or "
+            "use another --data-dir"
+        ) from None
+    return handle

@@ -1,0 +1,130 @@
+"""Rows of one table in an LMDB named database, read and written a whole batch at a time.
+
+Layout (one LMDB entry per row):
+
+- key: the int64 key's two's-complement bits as a **big-endian** uint64, so
+  LMDB's byte order is numeric order and a sorted batch of keys reads
+  neighbouring pages in sequence;
+- value: ``version`` int64 LE, ``changed`` int64 LE (iteration of the last
+  change, -1 never), ``values`` float32 LE ``[dim]``, ``state`` float32 LE
+  ``[state_width]``: ``16 + 4 (dim + state_width)`` bytes.
+
+Batches cross the Python/LMDB boundary as lists of ``bytes`` built and taken
+apart by NumPy (``view('V<n>').tolist()`` and ``b"".join``), and py-lmdb's
+``getmulti``/``putmulti`` loop in C: no per-key Python code on a request path.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+KEY_DTYPE = np.dtype(">u8")
+
+
+@dataclass(frozen=True)
+class RowArrays:
+    """Rows read from disk: ``found[i]`` says whether ``keys[i]`` had an entry."""
+
+    found: npt.NDArray[np.bool_]
+    versions: npt.NDArray[np.int64]
+    changed: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float32]
+    state: npt.NDArray[np.float32]
+
+
+def encode_keys(keys: npt.NDArray[np.int64]) -> list[bytes]:
+    return list(keys.view(np.uint64).astype(KEY_DTYPE).view("V8").tolist())
+
+
+def sort_for_disk(keys: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
+    """Order of ``keys`` in which LMDB stores them (unsigned numeric order)."""
+    return np.argsort(keys.view(np.uint64), kind="stable")
+
+
+class LmdbRows:
+    """One table's named database inside a shard's LMDB environment."""
+
+    def __init__(self, env: Any, name: str, dim: int, state_width: int) -> None:
+        self.env = env
+        self.db = env.open_db(f"table:{name}".encode())
+        self.dim = dim
+        self.state_width = state_width
+        self.row_bytes = 16 + 4 * (dim + state_width)
+
+    def count(self, txn: Any) -> int:
+        return int(txn.stat(self.db)["entries"])
+
+    def get(self, txn: Any, keys: npt.NDArray[np.int64]) -> RowArrays:
+        """Rows of distinct ``keys`` (any order) inside read or write transaction ``txn``."""
+        n = keys.shape[0]
+        order = sort_for_disk(keys)
+        found_items = txn.cursor(self.db).getmulti(encode_keys(keys[order]))
+        got = len(found_items)
+        found = np.zeros(n, dtype=bool)
+        versions = np.zeros(n, dtype=np.int64)
+        changed = np.full(n, -1, dtype=np.int64)
+        values = np.zeros((n, self.dim), dtype=np.float32)
+        state = np.zeros((n, self.state_width), dtype=np.float32)
+        if got:
+            raw_keys = b"".join(map(operator.itemgetter(0), found_items))
+            raw_rows = b"".join(map(operator.itemgetter(1), found_items))
+            got_keys = np.frombuffer(raw_keys, dtype=KEY_DTYPE).astype(np.uint64)
+            rows = np.frombuffer(raw_rows, dtype=np.uint8).reshape(got, self.row_bytes)
+            # getmulti answers in request order, skipping absent keys.
+            sorted_keys = keys[order].view(np.uint64)
+            where = order[np.searchsorted(sorted_keys, got_keys)]
+            found[where] = True
+            versions[where] = rows[:, 0:8].copy().view("<i8")[:, 0]
+            changed[where] = rows[:, 8:16].copy().view("<i8")[:, 0]
+            floats = rows[:, 16:].copy().view("<f4")
+            values[where] = floats[:, : self.dim]
+            state[where] = floats[:, self.dim :]
+        return RowArrays(found, versions, changed, values, state)
+
+    def put(
+        self,
+        txn: Any,
+        keys: npt.NDArray[np.int64],
+        versions: npt.NDArray[np.int64],
+        changed: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        state: npt.NDArray[np.float32],
+    ) -> None:
+        """Insert or replace rows of distinct ``keys`` inside write transaction ``txn``."""
+        n = keys.shape[0]
+        if not n:
+            return
+        order = sort_for_disk(keys)
+        packed = np.empty((n, self.row_bytes), dtype=np.uint8)
+        packed[:, 0:8] = versions[order].astype("<i8").view(np.uint8).reshape(n, 8)
+        packed[:, 8:16] = changed[order].astype("<i8").view(np.uint8).reshape(n, 8)
+        floats = np.concatenate([values[order], state[order]], axis=1).astype("<f4")
+        packed[:, 16:] = floats.view(np.uint8).reshape(n, self.row_bytes - 16)
+        rows = packed.view(f"V{self.row_bytes}").reshape(n).tolist()
+        txn.cursor(self.db).putmulti(zip(encode_keys(keys[order]), rows, strict=True))
+
+    def scan(self, txn: Any) -> tuple[npt.NDArray[np.int64], RowArrays]:
+        """Every row, in disk order."""
+        cursor = txn.cursor(self.db)
+        raw_keys = b"".join(cursor.iternext(keys=True, values=False))
+        cursor = txn.cursor(self.db)
+        raw_rows = b"".join(cursor.iternext(keys=False, values=True))
+        n = len(raw_keys) // 8
+        keys = np.frombuffer(raw_keys, dtype=KEY_DTYPE).astype(np.uint64).view(np.int64)
+        rows = np.frombuffer(raw_rows, dtype=np.uint8).reshape(n, self.row_bytes)
+        floats = rows[:, 16:].copy().view("<f4")
+        return keys, RowArrays(
+            found=np.ones(n, dtype=bool),
+            versions=rows[:, 0:8].copy().view("<i8")[:, 0].astype(np.int64),
+            changed=rows[:, 8:16].copy().view("<i8")[:, 0].astype(np.int64),
+            values=np.ascontiguousarray(floats[:, : self.dim], dtype=np.float32),
+            state=np.ascontiguousarray(floats[:, self.dim :], dtype=np.float32),
+        )
+
+    def clear(self, txn: Any) -> None:
+        txn.drop(self.db, delete=False)

@@ -1,0 +1,156 @@
+"""The Cached-PS (LMDB + host cache) through real gRPC servers: same answers as the
+Staged-PS, durable restarts, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import lmdb
+import numpy as np
+import pytest
+
+from heraldps.client import PSClient
+from heraldps.errors import FailedPrecondition
+from heraldps.init import Normal
+from heraldps.optim import AdaGrad, Adam
+from ps_server.cached_store import CachedStore
+from ps_server.cached_table import CachePolicy
+from ps_server.server import PSConfig, PSServer
+from tests.conftest import ClusterFactory
+
+
+def train(ps: PSClient, steps: int, seed: int = 0) -> list[tuple[np.ndarray, ...]]:
+    """Pulls, pushes, commits and write-backs; returns what every pull answered."""
+    rng = np.random.default_rng(seed)
+    ps.create_table("emb", dim=8, optimizer=AdaGrad(lr=0.1, initial_accumulator=0.1),
+                    initializer=Normal(std=0.1, seed=3))  # fmt: skip
+    ps.create_table("other", dim=3, optimizer=Adam(lr=0.01))
+    seen = []
+    for t in range(steps):
+        keys = np.unique(rng.integers(-3000, 3000, 700))
+        values, versions, state = ps.pull_with_state("emb", keys)
+        seen.append((values, versions, state))
+        ps.push_gradients("emb", keys, rng.normal(0, 1, (keys.shape[0], 8)).astype(np.float32), t)
+        ps.push_gradients("other", keys[:50], np.ones((50, 3), np.float32), t)
+        ps.commit(t)
+        mine = keys[:40] + 100_000  # rows only this "worker" updates
+        v, ver, s = ps.pull_with_state("emb", mine)
+        ps.write_back("emb", mine, v * 0.5, s, ver, ver + 1)
+    return seen
+
+
+def all_rows(ps: PSClient, table: str) -> tuple[np.ndarray, ...]:
+    rows = ps.export_incremental(-1, table)[table]
+    order = np.argsort(rows.keys)
+    return (rows.keys[order], rows.values[order], rows.state[order], rows.versions[order],
+            rows.changed_iterations[order])  # fmt: skip
+
+
+def test_cached_store_answers_exactly_like_the_staged_store(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    _, staged = cluster(2)
+    # A cache of ~200 rows per table: far smaller than the ~6,000 rows trained, so rows
+    # are evicted and re-read from LMDB all the time.
+    _, cached = cluster(2, store="cached", data_dir=str(tmp_path), cache_gb=200 * 88 / 2**30)
+    for a, b in zip(train(staged, 12), train(cached, 12), strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert np.array_equal(x, y)
+    for table in ("emb", "other"):
+        for x, y in zip(all_rows(staged, table), all_rows(cached, table), strict=True):
+            assert np.array_equal(x, y)
+        assert staged.describe_table(table).rows == cached.describe_table(table).rows
+    since = {t: r.keys.shape[0] for t, r in cached.export_incremental(9).items()}
+    assert since == {t: r.keys.shape[0] for t, r in staged.export_incremental(9).items()}
+
+
+def start_cached(path: Path, shard: int = 0, shards: int = 1, **extra: object) -> PSServer:
+    server = PSServer(PSConfig(host="127.0.0.1", port=0, shard_index=shard, num_shards=shards,
+                               grace_seconds=0.5, store="cached", data_dir=str(path),
+                               **extra))  # type: ignore[arg-type]  # fmt: skip
+    server.start()
+    return server
+
+
+def test_a_restarted_shard_serves_the_last_commit(tmp_path: Path) -> None:
+    server = start_cached(tmp_path, cache_gb=0.001)
+    ps = PSClient([f"127.0.0.1:{server.port}"])
+    train(ps, 5)
+    before = all_rows(ps, "emb")
+    ps.push_gradients("emb", np.arange(10), np.ones((10, 8), np.float32), 5)  # never committed
+    ps.close()
+    server.stop(grace=0)
+    server = start_cached(tmp_path)
+    ps = PSClient([f"127.0.0.1:{server.port}"])
+    try:
+        assert sorted(ps.list_tables()) == ["emb", "other"]
+        after = all_rows(ps, "emb")
+        for x, y in zip(before, after, strict=True):
+            assert np.array_equal(x, y)
+        with pytest.raises(grpc.RpcError) as err:  # iteration 4 is durable
+            ps.commit(3)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        ps.commit(5)  # the uncommitted push of iteration 5 died with the process
+        for x, y in zip(before[1:4], all_rows(ps, "emb")[1:4], strict=True):
+            assert np.array_equal(x, y)
+    finally:
+        ps.close()
+        server.stop(grace=0)
+
+
+def test_wrong_directory_and_concurrent_use_are_refused(tmp_path: Path) -> None:
+    store = CachedStore(tmp_path, 0, 2, CachePolicy(1 << 20))
+    with pytest.raises(FailedPrecondition, match="in use by another"):
+        CachedStore(tmp_path, 0, 2)
+    store.close()
+    # A shard directory copied to another shard's place is refused, not mixed in.
+    (tmp_path / "shard-00000-of-00002").rename(tmp_path / "shard-00001-of-00003")
+    with pytest.raises(FailedPrecondition, match="belongs to"):
+        CachedStore(tmp_path, 1, 3)
+    foreign = tmp_path / "foreign"
+    (foreign / "shard-00000-of-00001").mkdir(parents=True)
+    env = lmdb.open(str(foreign / "shard-00000-of-00001"), max_dbs=2)
+    with env.begin(write=True) as txn:
+        txn.put(b"something", b"else")
+    env.close()
+    with pytest.raises(FailedPrecondition, match="not written by heraldps"):
+        CachedStore(foreign, 0, 1)
+    junk = tmp_path / "junk" / "shard-00000-of-00001"
+    junk.mkdir(parents=True)
+    (junk / "data.mdb").write_bytes(b"not an lmdb file" * 1000)
+    with pytest.raises(FailedPrecondition, match="cannot open"):
+        CachedStore(tmp_path / "junk", 0, 1)
+
+
+def test_disk_full_is_resource_exhausted_and_changes_nothing(tmp_path: Path) -> None:
+    server = start_cached(tmp_path, max_disk_gb=2 / 1024)  # a 2 MiB map
+    ps = PSClient([f"127.0.0.1:{server.port}"])
+    try:
+        ps.create_table("emb", dim=64, optimizer=AdaGrad(lr=0.1))
+        keys = np.arange(20_000)
+        ps.push_gradients("emb", keys, np.ones((20_000, 64), np.float32), 0)
+        with pytest.raises(grpc.RpcError) as err:
+            ps.commit(0)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max-disk-gb" in (err.value.details() or "")
+        assert ps.describe_table("emb").rows == 0
+        assert PSClient([f"127.0.0.1:{server.port}"]).versions("emb", keys[:5]).tolist() == [0] * 5
+    finally:
+        ps.close()
+        server.stop(grace=0)
+
+
+def test_snapshots_move_between_staged_and_cached(cluster: ClusterFactory, tmp_path: Path) -> None:
+    _, staged = cluster(2)
+    train(staged, 4)
+    staged.save(str(tmp_path / "snap"))
+    _, cached = cluster(3, store="cached", data_dir=str(tmp_path / "cached"))
+    cached.load(str(tmp_path / "snap"))
+    for x, y in zip(all_rows(staged, "emb"), all_rows(cached, "emb"), strict=True):
+        assert np.array_equal(x, y)
+    cached.save(str(tmp_path / "back"))
+    _, again = cluster(1)
+    again.load(str(tmp_path / "back"))
+    for x, y in zip(all_rows(staged, "other"), all_rows(again, "other"), strict=True):
+        assert np.array_equal(x, y)
