@@ -231,6 +231,9 @@ def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--ps", required=True, help="comma-separated PS shard addresses")
     p.add_argument("--report", default=None, help="write per-iteration traffic and loss here")
     p.add_argument("--timeout-seconds", type=float, default=120.0, help="deadline of each RPC")
+    p.add_argument(
+        "--prefetch", default=None, help="keyset file to load into the PS caches before training"
+    )
     p.set_defaults(run=_run_worker)
 
 
@@ -240,9 +243,39 @@ def _run_worker(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         job=args.job, worker_id=args.worker_id, scheduler=args.scheduler,
         ps=tuple(a for a in args.ps.split(",") if a), report=args.report,
-        timeout_seconds=args.timeout_seconds,
+        timeout_seconds=args.timeout_seconds, prefetch=args.prefetch,
     )  # fmt: skip
     return run_worker(config)
+
+
+def _add_keyset_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "keyset",
+        help="write the keys of a data pass as a HugeCTR keyset file",
+        description="Write the distinct keys of a data file (binary native-endian int64, no "
+        "header: HugeCTR's keyset format) for Prefetch / heraldps worker --prefetch.",
+    )
+    p.add_argument("--data", required=True, help="data file of the pass")
+    p.add_argument("--format", default="criteo", choices=("criteo", "avazu", "csv"))
+    p.add_argument("--sparse-columns", default=None, help="comma-separated (csv)")
+    p.add_argument("--out", required=True, help="keyset file to write")
+    p.set_defaults(run=_run_keyset)
+
+
+def _run_keyset(args: argparse.Namespace) -> int:
+    from heraldps.client import write_keyset
+    from heraldps.datasets import read_dataset
+    from heraldps.errors import HeraldError
+
+    columns = args.sparse_columns.split(",") if args.sparse_columns else None
+    try:
+        dataset = read_dataset(args.data, args.format, sparse_columns=columns)
+        count = write_keyset(args.out, dataset.keys)
+    except (ValueError, OSError, HeraldError) as exc:
+        print(f"heraldps keyset: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {count:,} keys to {args.out}")
+    return 0
 
 
 def _add_local_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -281,6 +314,13 @@ def _add_local_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--plot", default=None, help="write traffic and loss curves here (PNG)")
     p.add_argument("--workdir", default=None, help="keep logs and reports here")
+    p.add_argument(
+        "--store",
+        default="staged",
+        choices=("staged", "cached"),
+        help="PS shards in host memory (staged) or LMDB + host cache (cached)",
+    )
+    p.add_argument("--cache-gb", type=float, default=1.0, help="cached store: cache per table")
     p.set_defaults(run=_run_local)
 
 
@@ -335,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scheduler_parser(sub)
     _add_simulate_parser(sub)
     _add_worker_parser(sub)
+    _add_keyset_parser(sub)
     _add_local_parser(sub)
     _apply_env_defaults(parser)
     return parser

@@ -150,6 +150,11 @@ class PSClient:
                 raise TimeoutError(f"shard {address} not reachable within {timeout}s") from None
 
     # ----- transport --------------------------------------------------------
+    def committed_iteration(self) -> int:
+        """The oldest last-committed iteration over the shards (-1 before any commit)."""
+        infos = self._all_shards("GetShardInfo", ps_pb2.GetShardInfoRequest())
+        return min(int(info.committed_iteration) for info in infos)
+
     def _call(self, shard: int, method: str, request: Any, idempotent: bool) -> Callable[[], Any]:
         """Start one RPC now; the returned function waits for it (retrying if allowed)."""
         rpc = self._raw_pulls[shard] if method == "Pull" else getattr(self._stubs[shard], method)
@@ -302,6 +307,21 @@ class PSClient:
         for index, wait in pending:
             out[index] = wire.decode_keys(wait().versions, "versions")
         return out
+
+    def prefetch(self, table: str, keys: npt.ArrayLike) -> int:
+        """Load the rows of ``keys`` into the shards' host caches; return rows now cached."""
+        keys = _as_keys(keys)
+        waits = [
+            self._call(shard, "Prefetch",
+                       ps_pb2.PrefetchRequest(table=table, keys=wire.encode_keys(keys[index])),
+                       idempotent=True)
+            for shard, index in self._chunks(keys, 8)
+        ]  # fmt: skip
+        return sum(int(wait().cached_rows) for wait in waits)
+
+    def prefetch_keyset(self, table: str, path: str) -> int:
+        """``prefetch`` of a HugeCTR keyset file (binary native-endian int64 keys)."""
+        return self.prefetch(table, read_keyset(path))
 
     # ----- push / commit / write-back ----------------------------------------
     def push_gradients(
@@ -481,3 +501,16 @@ def _merge_blocks(parts: list[ps_pb2.RowBlock]) -> ExportedRows:
         versions=np.concatenate([wire.decode_keys(p.versions) for p in parts]),
         changed_iterations=np.concatenate([wire.decode_keys(p.changed_iterations) for p in parts]),
     )
+
+
+def read_keyset(path: str) -> npt.NDArray[np.int64]:
+    """Keys of a HugeCTR keyset file: raw native-endian int64, no header."""
+    raw = np.fromfile(path, dtype=np.dtype("=i8"))
+    return raw.astype(np.int64, copy=False)
+
+
+def write_keyset(path: str, keys: npt.ArrayLike) -> int:
+    """Write distinct ``keys`` (sorted) as a HugeCTR keyset file; return how many."""
+    unique = np.unique(np.asarray(keys, dtype=np.int64))
+    unique.astype(np.dtype("=i8")).tofile(path)
+    return int(unique.shape[0])

@@ -144,6 +144,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.GetVersionsResponse(versions=wire.encode_keys(versions))
 
     @unary_handler
+    def Prefetch(
+        self, request: ps_pb2.PrefetchRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.PrefetchResponse:
+        table = self.store.table(request.table)
+        keys = wire.decode_keys(request.keys)
+        cached = self.store.prefetch(table.name, keys)
+        self._observe_size(table)
+        return ps_pb2.PrefetchResponse(cached_rows=cached)
+
+    @unary_handler
     def PushGradients(
         self, request: ps_pb2.PushGradientsRequest, context: grpc.ServicerContext
     ) -> ps_pb2.PushGradientsResponse:

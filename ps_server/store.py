@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument, UnknownTable
+from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec
 from ps_server.checks import check_commit_order, check_same_spec
 from ps_server.memory import MemoryBudget
@@ -72,6 +73,12 @@ class StagedStore:
         self, name: str, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
     ) -> bool:
         return self.table(name).push(iteration, keys, grads)
+
+    def prefetch(self, name: str, keys: npt.NDArray[np.int64]) -> int:
+        """Every row already lives in memory: count the distinct keys the table holds."""
+        table = self.table(name)
+        with table.lock:
+            return int(np.count_nonzero(table.known(distinct(keys)[0])))
 
     def commit(self, iteration: int) -> tuple[int, bool]:
         """Apply buffered gradients through ``iteration``; return (rows updated, already)."""

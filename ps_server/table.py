@@ -184,6 +184,10 @@ class StagedTable:
                 state = np.empty((rows.shape[0], 0), dtype=np.float32)
             return RowBlock(keys, values, state, self._versions[rows], self._changed[rows])
 
+    def known(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which keys have a row (caller holds the lock)."""
+        return self._index.lookup(keys) >= 0
+
     def versions(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Clock of every key in request order; 0 for unseen keys, which stay unseen."""
         with self.lock:

@@ -92,10 +92,13 @@ def start_servers(processes: list[ManagedProcess]) -> None:
         process.wait_ready(deadline)
 
 
-def ps_process(index: int, shards: int, workdir: Path) -> ManagedProcess:
+def ps_process(
+    index: int, shards: int, workdir: Path, store_args: tuple[str, ...] = ()
+) -> ManagedProcess:
+    """A shard; ``store_args`` are extra ``heraldps ps`` flags (e.g. the cached store's)."""
     args = ["ps", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
             "--shard-index", str(index), "--num-shards", str(shards),
-            "--grace-seconds", "5"]  # fmt: skip
+            "--grace-seconds", "5", *store_args]  # fmt: skip
     return ManagedProcess(f"ps-{index}", args, workdir, port_file=True)
 
 

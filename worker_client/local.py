@@ -189,8 +189,13 @@ def run_mode(
     workdir: Path,
     progress: Progress | None = None,
     keep_model: bool = False,
+    store: str = "staged",
+    cache_gb: float = 1.0,
 ) -> ModeResult:
-    """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure."""
+    """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure.
+
+    ``store="cached"`` runs Cached-PS shards (LMDB under ``workdir``) with ``cache_gb`` of
+    host cache per table."""
     workdir.mkdir(parents=True, exist_ok=True)
     batches = global_batches(train, job.global_batch, job.iterations, job.epochs)
     job_path = workdir / "job.json"
@@ -198,7 +203,11 @@ def run_mode(
     processes: list[ManagedProcess] = []
     stop = threading.Event()
     try:
-        shard_procs = [ps_process(i, shards, workdir) for i in range(shards)]
+        store_args: tuple[str, ...] = ()
+        if store == "cached":
+            store_args = ("--store", "cached", "--data-dir", str(workdir / "ps-data"),
+                          "--cache-gb", str(cache_gb))  # fmt: skip
+        shard_procs = [ps_process(i, shards, workdir, store_args) for i in range(shards)]
         processes += shard_procs
         start_servers(shard_procs)
         addresses = [p.address for p in shard_procs]
@@ -334,6 +343,8 @@ def run_local(
     eval_data: SparseDataset | None,
     workdir: Path | None = None,
     progress: Progress | None = None,
+    store: str = "staged",
+    cache_gb: float = 1.0,
 ) -> dict[str, ModeResult]:
     """Every mode on its own fresh cluster, same batches and model; results by mode."""
     results = {}
@@ -342,6 +353,7 @@ def run_local(
         for mode in modes:
             results[mode] = run_mode(
                 job if mode == "het" else replace(job, staleness=0),
-                mode, shards, train, eval_data, root / mode, progress,
+                mode, shards, train, eval_data, root / mode, progress, store=store,
+                cache_gb=cache_gb,
             )  # fmt: skip
     return results

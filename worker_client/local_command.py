@@ -57,7 +57,8 @@ def run_local_command(args: argparse.Namespace) -> int:
     console.print(
         f"[bold]heraldps local[/]: {train.rows:,} training rows ({Path(job.data).name}), "
         f"{held_out.rows:,} held out; {job.workers} workers x {job.batch_size_per_worker}, "
-        f"{args.shards} shards, cache {job.cache_rows:,} rows per worker, {job.optimizer}, "
+        f"{args.shards} {args.store} shards, cache {job.cache_rows:,} rows per worker, "
+        f"{job.optimizer}, "
         f"modes {', '.join(modes)}"
     )
     with Progress(
@@ -79,7 +80,7 @@ def run_local_command(args: argparse.Namespace) -> int:
 
         results = run_local(
             job, modes, args.shards, train, held_out,
-            Path(args.workdir) if args.workdir else None, progress,
+            Path(args.workdir) if args.workdir else None, progress, args.store, args.cache_gb,
         )  # fmt: skip
         for mode, result in results.items():
             t = result.traffic

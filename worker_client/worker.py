@@ -26,7 +26,7 @@ from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.servicer import plan_from_proto
 from worker_client.device import array_module
-from worker_client.job import TrainingJob
+from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches
 from worker_client.trainer import Traffic, WorkerTrainer
 
@@ -41,6 +41,7 @@ class WorkerConfig:
     ps: tuple[str, ...]
     report: str | None = None
     timeout_seconds: float = 120.0
+    prefetch: str | None = None  # keyset file loaded into the PS caches before training
 
 
 def counters(traffic: Traffic) -> scheduler_pb2.TrafficCounters:
@@ -70,6 +71,9 @@ def run_worker(config: WorkerConfig) -> int:
             scheduler_pb2.RegisterWorkerRequest(worker_id=w), timeout=config.timeout_seconds
         )
         trainer = WorkerTrainer(job, dataset, w, ps, int(reply.cache_rows), xp)
+        if config.prefetch:
+            cached = ps.prefetch_keyset(EMBEDDING_TABLE, config.prefetch)
+            log.info("worker %d: prefetched %d rows of %s", w, cached, config.prefetch)
         log.info("worker %d: mode %s, cache %d rows", w, reply.mode, reply.cache_rows)
         stream = scheduler.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w))
         for message in stream:

@@ -245,6 +245,49 @@ class GetVersionsResponse(_message.Message):
 Global___GetVersionsResponse: _TypeAlias = GetVersionsResponse  # noqa: Y015
 
 @_typing.final
+class PrefetchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    keys: _builtins.bytes
+    """Little-endian int64 keys, n entries (a keyset file's content, routed)."""
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        keys: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrefetchRequest: _TypeAlias = PrefetchRequest  # noqa: Y015
+
+@_typing.final
+class PrefetchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CACHED_ROWS_FIELD_NUMBER: _builtins.int
+    cached_rows: _builtins.int
+    """Distinct keys of the request now held in host memory."""
+    def __init__(
+        self,
+        *,
+        cached_rows: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_rows", b"cached_rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrefetchResponse: _TypeAlias = PrefetchResponse  # noqa: Y015
+
+@_typing.final
 class PushGradientsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -60,6 +60,11 @@ class ParameterServerStub:
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.GetVersionsRequest.SerializeToString,
                 response_deserializer=heraldps_dot_v1_dot_ps__pb2.GetVersionsResponse.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_unary(
+                '/heraldps.v1.ParameterServer/Prefetch',
+                request_serializer=heraldps_dot_v1_dot_ps__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=heraldps_dot_v1_dot_ps__pb2.PrefetchResponse.FromString,
+                _registered_method=True)
         self.PushGradients = channel.unary_unary(
                 '/heraldps.v1.ParameterServer/PushGradients',
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.PushGradientsRequest.SerializeToString,
@@ -131,6 +136,15 @@ class ParameterServerServicer:
     def GetVersions(self, request, context):
         """Reads only the clocks (versions) of rows: HET's CheckValid asks this
         before trusting a cached copy. Unseen keys answer 0 and are not created.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Prefetch(self, request, context):
+        """Loads the rows of `keys` into the shard's host cache before a pass
+        (HugeCTR's keyset prefetch). A Staged-PS holds every row in memory
+        already and only counts them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,6 +227,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.GetVersions,
                     request_deserializer=heraldps_dot_v1_dot_ps__pb2.GetVersionsRequest.FromString,
                     response_serializer=heraldps_dot_v1_dot_ps__pb2.GetVersionsResponse.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=heraldps_dot_v1_dot_ps__pb2.PrefetchRequest.FromString,
+                    response_serializer=heraldps_dot_v1_dot_ps__pb2.PrefetchResponse.SerializeToString,
             ),
             'PushGradients': grpc.unary_unary_rpc_method_handler(
                     servicer.PushGradients,
@@ -385,6 +404,33 @@ class ParameterServer:
             '/heraldps.v1.ParameterServer/GetVersions',
             heraldps_dot_v1_dot_ps__pb2.GetVersionsRequest.SerializeToString,
             heraldps_dot_v1_dot_ps__pb2.GetVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/heraldps.v1.ParameterServer/Prefetch',
+            heraldps_dot_v1_dot_ps__pb2.PrefetchRequest.SerializeToString,
+            heraldps_dot_v1_dot_ps__pb2.PrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,11 @@ class ParameterServerStub:
     """Reads only the clocks (versions) of rows: HET's CheckValid asks this
     before trusting a cached copy. Unseen keys answer 0 and are not created.
     """
+    Prefetch: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PrefetchRequest, _ps_pb2.PrefetchResponse]
+    """Loads the rows of `keys` into the shard's host cache before a pass
+    (HugeCTR's keyset prefetch). A Staged-PS holds every row in memory
+    already and only counts them.
+    """
     PushGradients: _grpc.UnaryUnaryMultiCallable[_ps_pb2.PushGradientsRequest, _ps_pb2.PushGradientsResponse]
     """Adds gradients to the buffer of an iteration (or applies them at once
     for an UPDATE_MODE_IMMEDIATE table).
@@ -96,6 +101,11 @@ class ParameterServerAsyncStub(ParameterServerStub):
     GetVersions: _aio.UnaryUnaryMultiCallable[_ps_pb2.GetVersionsRequest, _ps_pb2.GetVersionsResponse]  # type: ignore[assignment]
     """Reads only the clocks (versions) of rows: HET's CheckValid asks this
     before trusting a cached copy. Unseen keys answer 0 and are not created.
+    """
+    Prefetch: _aio.UnaryUnaryMultiCallable[_ps_pb2.PrefetchRequest, _ps_pb2.PrefetchResponse]  # type: ignore[assignment]
+    """Loads the rows of `keys` into the shard's host cache before a pass
+    (HugeCTR's keyset prefetch). A Staged-PS holds every row in memory
+    already and only counts them.
     """
     PushGradients: _aio.UnaryUnaryMultiCallable[_ps_pb2.PushGradientsRequest, _ps_pb2.PushGradientsResponse]  # type: ignore[assignment]
     """Adds gradients to the buffer of an iteration (or applies them at once
@@ -155,6 +165,17 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ps_pb2.GetVersionsResponse, _abc.Awaitable[_ps_pb2.GetVersionsResponse]]:
         """Reads only the clocks (versions) of rows: HET's CheckValid asks this
         before trusting a cached copy. Unseen keys answer 0 and are not created.
+        """
+
+    @_abc_1.abstractmethod
+    def Prefetch(
+        self,
+        request: _ps_pb2.PrefetchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.PrefetchResponse, _abc.Awaitable[_ps_pb2.PrefetchResponse]]:
+        """Loads the rows of `keys` into the shard's host cache before a pass
+        (HugeCTR's keyset prefetch). A Staged-PS holds every row in memory
+        already and only counts them.
         """
 
     @_abc_1.abstractmethod

@@ -70,6 +70,25 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
             assert live["final_flush"] == expected["final_flush"], mode
 
 
+def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
+    """--store cached, with a PS cache far smaller than the table (evictions on the shards)."""
+    job = small_job("adagrad")
+    train = job.read()
+    reference = ReferenceTrainer(job, train)
+    reference.train(train)
+    for mode in ("herald", "het"):
+        result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True,
+                          store="cached", cache_gb=500 * 56 / 2**30)  # fmt: skip
+        model = result.model
+        values, state, _ = reference.rows_of(model["keys"])
+        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(
+            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
+        )
+        assert ps_agrees(result), mode
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["herald", "het"])
 def test_gpu_workers_train_the_single_process_model(mode: str, tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ Staged-PS, durable restarts, clear errors."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -10,7 +12,8 @@ import lmdb
 import numpy as np
 import pytest
 
-from heraldps.client import PSClient
+from heraldps.client import PSClient, read_keyset
+from heraldps.datasets import read_dataset
 from heraldps.errors import FailedPrecondition
 from heraldps.init import Normal
 from heraldps.optim import AdaGrad, Adam
@@ -18,6 +21,9 @@ from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachePolicy
 from ps_server.server import PSConfig, PSServer
 from tests.conftest import ClusterFactory
+from worker_client.local import bundled_data
+
+TRAIN, _ = bundled_data()
 
 
 def train(ps: PSClient, steps: int, seed: int = 0) -> list[tuple[np.ndarray, ...]]:
@@ -154,3 +160,30 @@ def test_snapshots_move_between_staged_and_cached(cluster: ClusterFactory, tmp_p
     again.load(str(tmp_path / "back"))
     for x, y in zip(all_rows(staged, "other"), all_rows(again, "other"), strict=True):
         assert np.array_equal(x, y)
+
+
+def test_keyset_prefetch_fills_the_cache_before_the_pass(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    keyset = tmp_path / "pass0.keyset"
+    done = subprocess.run(
+        [sys.executable, "-m", "heraldps.cli", "keyset", "--data", str(TRAIN), "--out",
+         str(keyset)], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    keys = read_keyset(str(keyset))
+    assert keyset.stat().st_size == 8 * keys.shape[0]
+    assert np.array_equal(keys, np.unique(read_dataset(TRAIN, "criteo").keys))
+    servers, cached = cluster(2, store="cached", data_dir=str(tmp_path / "d"), cache_gb=0.01)
+    cached.create_table("emb", dim=8, optimizer=AdaGrad(lr=0.1))
+    cached.push_gradients("emb", keys[:1000], np.ones((1000, 8), np.float32), 0)
+    cached.commit(0)
+    assert cached.prefetch_keyset("emb", str(keyset)) == keys.shape[0]
+    caches = [server.store.table("emb").cache for server in servers]  # type: ignore[union-attr]
+    before = sum(c.hits for c in caches)
+    cached.pull("emb", keys)
+    assert sum(c.hits for c in caches) - before == keys.shape[0]  # every row was a hit
+    _, staged = cluster(1)
+    staged.create_table("emb", dim=8, optimizer=AdaGrad(lr=0.1))
+    staged.pull("emb", keys[:10])
+    assert staged.prefetch("emb", keys[:20]) == 10  # a Staged-PS holds rows already
