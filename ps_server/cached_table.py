@@ -25,7 +25,7 @@ import numpy.typing as npt
 from heraldps.keyindex import KeyIndex, distinct
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server.checks import check_push_iteration, check_versions_unchanged, check_write_back
-from ps_server.kernels import scatter_add_rows
+from ps_server.kernels import copy_rows, scatter_add_rows
 from ps_server.lmdb_rows import LmdbRows
 from ps_server.row_cache import RowCache
 from ps_server.table import GradBuffer, RowBlock
@@ -106,7 +106,10 @@ class CachedTable:
             np.empty(n, np.int64),
         )
         c = slots[hit]
-        rows.values[hit], rows.state[hit] = self.cache.values[c], self.cache.state[c]
+        positions = np.arange(n, dtype=np.int64)
+        to = np.where(hit, positions, -1)  # hits copy from their cache slot, in one pass
+        copy_rows(rows.values, to, self.cache.values, slots)
+        copy_rows(rows.state, to, self.cache.state, slots)
         rows.versions[hit], rows.changed[hit] = self.cache.versions[c], self.cache.changed[c]
         miss = np.flatnonzero(~hit)
         if not miss.shape[0]:
@@ -121,8 +124,13 @@ class CachedTable:
         if np.any(fresh):
             disk.values[fresh] = self.spec.initializer.generate(missed[fresh], self.dim)
             disk.state[fresh] = self.spec.optimizer.init_state(int(fresh.sum()), self.dim)
-        rows.values[miss], rows.state[miss] = disk.values, disk.state
-        rows.versions[miss], rows.changed[miss] = disk.versions, disk.changed
+        if miss.shape[0] == n:  # nothing was cached: the disk rows are the answer
+            rows.values, rows.state = disk.values, disk.state
+            rows.versions, rows.changed = disk.versions, disk.changed
+        else:
+            copy_rows(rows.values, miss, disk.values, positions)
+            copy_rows(rows.state, miss, disk.state, positions)
+            rows.versions[miss], rows.changed[miss] = disk.versions, disk.changed
         if admit:
             admitted = self.cache.admit(missed, float(hit.mean()) if n else 1.0, keep=c)
             self.cache.store(
@@ -135,6 +143,9 @@ class CachedTable:
         with self.lock:
             unique, inverse = distinct(keys)
             rows = self._read(unique)
+            if unique.shape[0] == keys.shape[0]:  # distinct request: already in its order
+                state = rows.state if with_state else np.empty((keys.shape[0], 0), np.float32)
+                return RowBlock(keys, rows.values, state, rows.versions, rows.changed)
             state = rows.state[inverse] if with_state else np.empty((keys.shape[0], 0), np.float32)
             return RowBlock(
                 keys, rows.values[inverse], state, rows.versions[inverse], rows.changed[inverse]

@@ -31,3 +31,22 @@ def gather_rows(
         for j in range(width):
             out[i, j] = src[r, j]
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def copy_rows(
+    dst: npt.NDArray[np.float32],
+    dst_rows: npt.NDArray[np.int64],
+    src: npt.NDArray[np.float32],
+    src_rows: npt.NDArray[np.int64],
+) -> None:  # pragma: no cover - compiled
+    """``dst[dst_rows[i]] = src[src_rows[i]]``: one pass, no temporary (``src_rows`` may be
+    ``arange``-like; pass ``dst_rows`` < 0 to skip an entry)."""
+    width = src.shape[1]
+    for i in range(dst_rows.shape[0]):
+        d = dst_rows[i]
+        if d < 0:
+            continue
+        s = src_rows[i]
+        for j in range(width):
+            dst[d, j] = src[s, j]

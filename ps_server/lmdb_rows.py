@@ -23,7 +23,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ps_server.kernels import copy_rows
+
 KEY_DTYPE = np.dtype(">u8")
+_PUT_CHUNK = 262_144
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,16 @@ class LmdbRows:
     def count(self, txn: Any) -> int:
         return int(txn.stat(self.db)["entries"])
 
+    def _record(self) -> np.dtype:
+        """The on-disk value as a structured dtype: fields decode as views, no copies."""
+        fields = [
+            ("version", "<i8"),
+            ("changed", "<i8"),
+            ("values", "<f4", (self.dim,)),
+            ("state", "<f4", (self.state_width,)),
+        ]
+        return np.dtype(fields)
+
     def get(self, txn: Any, keys: npt.NDArray[np.int64]) -> RowArrays:
         """Rows of distinct ``keys`` (any order) inside read or write transaction ``txn``."""
         n = keys.shape[0]
@@ -71,19 +84,22 @@ class LmdbRows:
         values = np.zeros((n, self.dim), dtype=np.float32)
         state = np.zeros((n, self.state_width), dtype=np.float32)
         if got:
-            raw_keys = b"".join(map(operator.itemgetter(0), found_items))
             raw_rows = b"".join(map(operator.itemgetter(1), found_items))
-            got_keys = np.frombuffer(raw_keys, dtype=KEY_DTYPE).astype(np.uint64)
-            rows = np.frombuffer(raw_rows, dtype=np.uint8).reshape(got, self.row_bytes)
-            # getmulti answers in request order, skipping absent keys.
-            sorted_keys = keys[order].view(np.uint64)
-            where = order[np.searchsorted(sorted_keys, got_keys)]
+            if got == n:  # every key present: answers come in sorted-request order
+                where = order
+            else:  # getmulti skips absent keys: match the keys it returned
+                raw_keys = b"".join(map(operator.itemgetter(0), found_items))
+                got_keys = np.frombuffer(raw_keys, dtype=KEY_DTYPE).astype(np.uint64)
+                sorted_keys = keys[order].view(np.uint64)
+                where = order[np.searchsorted(sorted_keys, got_keys)]
+            record = np.frombuffer(raw_rows, dtype=self._record())
             found[where] = True
-            versions[where] = rows[:, 0:8].copy().view("<i8")[:, 0]
-            changed[where] = rows[:, 8:16].copy().view("<i8")[:, 0]
-            floats = rows[:, 16:].copy().view("<f4")
-            values[where] = floats[:, : self.dim]
-            state[where] = floats[:, self.dim :]
+            versions[where] = record["version"]
+            changed[where] = record["changed"]
+            source = np.arange(got, dtype=np.int64)
+            copy_rows(values, where, record["values"], source)
+            if self.state_width:
+                copy_rows(state, where, record["state"], source)
         return RowArrays(found, versions, changed, values, state)
 
     def put(
@@ -96,17 +112,31 @@ class LmdbRows:
         state: npt.NDArray[np.float32],
     ) -> None:
         """Insert or replace rows of distinct ``keys`` inside write transaction ``txn``."""
-        n = keys.shape[0]
-        if not n:
-            return
         order = sort_for_disk(keys)
+        cursor = txn.cursor(self.db)
+        for start in range(0, keys.shape[0], _PUT_CHUNK):  # bounded temporary memory
+            part = order[start : start + _PUT_CHUNK]
+            self._put_sorted(cursor, keys[part], versions[part], changed[part], values[part],
+                             state[part])  # fmt: skip
+
+    def _put_sorted(
+        self,
+        cursor: Any,
+        keys: npt.NDArray[np.int64],
+        versions: npt.NDArray[np.int64],
+        changed: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        state: npt.NDArray[np.float32],
+    ) -> None:
+        """One chunk, keys already in disk order."""
+        n = keys.shape[0]
         packed = np.empty((n, self.row_bytes), dtype=np.uint8)
-        packed[:, 0:8] = versions[order].astype("<i8").view(np.uint8).reshape(n, 8)
-        packed[:, 8:16] = changed[order].astype("<i8").view(np.uint8).reshape(n, 8)
-        floats = np.concatenate([values[order], state[order]], axis=1).astype("<f4")
+        packed[:, 0:8] = versions.astype("<i8").view(np.uint8).reshape(n, 8)
+        packed[:, 8:16] = changed.astype("<i8").view(np.uint8).reshape(n, 8)
+        floats = np.concatenate([values, state], axis=1).astype("<f4")
         packed[:, 16:] = floats.view(np.uint8).reshape(n, self.row_bytes - 16)
         rows = packed.view(f"V{self.row_bytes}").reshape(n).tolist()
-        txn.cursor(self.db).putmulti(zip(encode_keys(keys[order]), rows, strict=True))
+        cursor.putmulti(zip(encode_keys(keys), rows, strict=True))
 
     def scan(self, txn: Any) -> tuple[npt.NDArray[np.int64], RowArrays]:
         """Every row, in disk order."""

@@ -94,7 +94,8 @@ class RowCache:
         if not n or not self.capacity:
             return out
         take = min(n, self._free_top)
-        if take < n and self.phase != "frozen" and hit_rate < self.target_hit_rate:
+        may_evict = self.max_num_evict < 0 or self.num_evict < self.max_num_evict
+        if take < n and may_evict and hit_rate < self.target_hit_rate:
             candidates = np.flatnonzero(self.occupied)
             if keep.shape[0]:
                 candidates = candidates[~np.isin(candidates, keep)]
