@@ -92,3 +92,19 @@ def test_kill_9_at_random_moments_loses_no_acknowledged_commit(tmp_path: Path) -
         assert proc.returncode == -signal.SIGKILL
         assert acknowledged >= 0, "no commit before the kill: lengthen the round"
     assert os.path.isdir(data_dir)
+
+
+def test_start_up_errors_are_clear_and_exit_2(tmp_path: Path) -> None:
+    def ps(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "heraldps.cli", "ps", "--port", "0", *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = ps("--store", "cached")
+    assert done.returncode == 2 and "needs --data-dir" in done.stderr
+    bad = tmp_path / "shard-00000-of-00001"
+    bad.mkdir()
+    (bad / "data.mdb").write_bytes(b"\x00garbage" * 512)
+    done = ps("--store", "cached", "--data-dir", str(tmp_path))
+    assert done.returncode == 2 and "cannot open the Cached-PS data directory" in done.stderr

@@ -187,3 +187,24 @@ def test_keyset_prefetch_fills_the_cache_before_the_pass(
     staged.create_table("emb", dim=8, optimizer=AdaGrad(lr=0.1))
     staged.pull("emb", keys[:10])
     assert staged.prefetch("emb", keys[:20]) == 10  # a Staged-PS holds rows already
+
+
+@pytest.mark.parametrize("store", ["staged", "cached"])
+def test_restore_loads_a_snapshot_at_start(
+    store: str, cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    _, source = cluster(2)
+    train(source, 3)
+    source.save(str(tmp_path / "snap"))
+    extra = {"store": store, "data_dir": str(tmp_path / "d")} if store == "cached" else {}
+    server = PSServer(PSConfig(host="127.0.0.1", port=0, grace_seconds=0.5,
+                               restore=str(tmp_path / "snap"), **extra))  # type: ignore[arg-type]  # fmt: skip
+    server.start()
+    restored = PSClient([f"127.0.0.1:{server.port}"])
+    try:
+        assert restored.committed_iteration() == 2
+        for x, y in zip(all_rows(source, "emb"), all_rows(restored, "emb"), strict=True):
+            assert np.array_equal(x, y)
+    finally:
+        restored.close()
+        server.stop(grace=0)
