@@ -16,6 +16,7 @@ and a read transaction.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ import numpy.typing as npt
 from heraldps.keyindex import KeyIndex, distinct
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server.checks import check_push_iteration, check_versions_unchanged, check_write_back
-from ps_server.kernels import copy_rows, scatter_add_rows
+from ps_server.kernels import copy_clocks, copy_rows, scatter_add_rows
 from ps_server.lmdb_rows import LmdbRows
 from ps_server.row_cache import RowCache
 from ps_server.table import GradBuffer, RowBlock
@@ -70,6 +71,7 @@ class CachedTable:
             capacity, self.dim, self.state_width, policy.target_hit_rate, policy.max_num_evict
         )
         self._buffers: dict[int, GradBuffer] = {}
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cache-{spec.name}")
 
     @property
     def name(self) -> str:
@@ -108,18 +110,23 @@ class CachedTable:
         c = slots[hit]
         positions = np.arange(n, dtype=np.int64)
         to = np.where(hit, positions, -1)  # hits copy from their cache slot, in one pass
-        copy_rows(rows.values, to, self.cache.values, slots)
-        copy_rows(rows.state, to, self.cache.state, slots)
-        rows.versions[hit], rows.changed[hit] = self.cache.versions[c], self.cache.changed[c]
         miss = np.flatnonzero(~hit)
         if not miss.shape[0]:
+            self._copy_hits(rows, to, slots)
             return rows
+        # The hit copies (compiled, GIL released) run on a helper thread while this
+        # thread reads the misses from LMDB (py-lmdb holds the GIL): the two overlap.
+        copying = self._copier.submit(self._copy_hits, rows, to, slots) if c.shape[0] else None
         missed = keys[miss]
-        if txn is None:
-            with self.env.begin() as read_txn:
-                disk = self.disk.get(read_txn, missed)
-        else:
-            disk = self.disk.get(txn, missed)
+        try:
+            if txn is None:
+                with self.env.begin() as read_txn:
+                    disk = self.disk.get(read_txn, missed)
+            else:
+                disk = self.disk.get(txn, missed)
+        finally:
+            if copying is not None:
+                copying.result()
         fresh = ~disk.found
         if np.any(fresh):
             disk.values[fresh] = self.spec.initializer.generate(missed[fresh], self.dim)
@@ -138,6 +145,13 @@ class CachedTable:
             )
             rows.slots[miss] = admitted
         return rows
+
+    def _copy_hits(
+        self, rows: _Rows, to: npt.NDArray[np.int64], slots: npt.NDArray[np.int64]
+    ) -> None:
+        copy_rows(rows.values, to, self.cache.values, slots)
+        copy_rows(rows.state, to, self.cache.state, slots)
+        copy_clocks(rows.versions, rows.changed, to, self.cache.versions, self.cache.changed, slots)
 
     def pull(self, keys: npt.NDArray[np.int64], with_state: bool) -> RowBlock:
         with self.lock:

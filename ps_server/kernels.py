@@ -50,3 +50,20 @@ def copy_rows(
         s = src_rows[i]
         for j in range(width):
             dst[d, j] = src[s, j]
+
+
+@numba.njit(cache=True, nogil=True)
+def copy_clocks(
+    versions: npt.NDArray[np.int64],
+    changed: npt.NDArray[np.int64],
+    dst_rows: npt.NDArray[np.int64],
+    src_versions: npt.NDArray[np.int64],
+    src_changed: npt.NDArray[np.int64],
+    src_rows: npt.NDArray[np.int64],
+) -> None:  # pragma: no cover - compiled
+    """``copy_rows`` for a row's version and change mark (int64 each)."""
+    for i in range(dst_rows.shape[0]):
+        d = dst_rows[i]
+        if d >= 0:
+            versions[d] = src_versions[src_rows[i]]
+            changed[d] = src_changed[src_rows[i]]
