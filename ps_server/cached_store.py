@@ -167,6 +167,8 @@ class CachedStore:
 
     def close(self) -> None:
         self._stop_sync.set()
+        for table in self._tables.values():
+            table.close()
         with contextlib.suppress(lmdb.Error):
             self.env.sync(True)
         self.env.close()

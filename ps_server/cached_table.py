@@ -77,6 +77,9 @@ class CachedTable:
     def name(self) -> str:
         return self.spec.name
 
+    def close(self) -> None:
+        self._copier.shutdown(wait=True)
+
     @property
     def row_bytes(self) -> int:
         return 24 + 4 * (self.dim + self.state_width)
