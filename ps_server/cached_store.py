@@ -35,13 +35,13 @@ from heraldps.errors import (
     FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,
-    UnknownTable,
 )
 from heraldps.spec import TableSpec
 from heraldps.v1 import types_pb2
 from ps_server.cached_table import CachedTable, CachePolicy
 from ps_server.checks import check_commit_order, check_same_spec
 from ps_server.memory import MemoryBudget
+from ps_server.shard_tables import ShardTables
 from ps_server.table import RowBlock
 
 FORMAT = b"heraldps-cached-ps/1"
@@ -49,7 +49,7 @@ DURABILITY = ("sync", "periodic")
 _MAX_TABLES = 1000
 
 
-class CachedStore:
+class CachedStore(ShardTables[CachedTable]):
     """Every table of one shard on disk (LMDB) behind per-table host caches."""
 
     def __init__(
@@ -190,19 +190,7 @@ class CachedStore:
             self._tables[spec.name] = table
             return table, True
 
-    def table(self, name: str) -> CachedTable:
-        table = self._tables.get(name)
-        if table is None:
-            raise UnknownTable(name, list(self._tables))
-        return table
-
-    def tables(self) -> list[CachedTable]:
-        return [self._tables[name] for name in sorted(self._tables)]
-
     # ----- training -------------------------------------------------------
-    def pull(self, name: str, keys: npt.NDArray[np.int64], with_state: bool = False) -> RowBlock:
-        return self.table(name).pull(keys, with_state)
-
     def push(
         self, name: str, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
     ) -> bool:
@@ -251,13 +239,6 @@ class CachedStore:
 
     def prefetch(self, name: str, keys: npt.NDArray[np.int64]) -> int:
         return self.table(name).prefetch(keys)
-
-    def export(
-        self, since_iteration: int, name: str = ""
-    ) -> Iterator[tuple[CachedTable, RowBlock]]:
-        tables = [self.table(name)] if name else self.tables()
-        for table in tables:
-            yield table, table.export(since_iteration)
 
     # ----- snapshots --------------------------------------------------------
     def consistent_snapshot(self) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:

@@ -129,31 +129,24 @@ class LmdbRows:
         state: npt.NDArray[np.float32],
     ) -> None:
         """One chunk, keys already in disk order."""
-        n = keys.shape[0]
-        packed = np.empty((n, self.row_bytes), dtype=np.uint8)
-        packed[:, 0:8] = versions.astype("<i8").view(np.uint8).reshape(n, 8)
-        packed[:, 8:16] = changed.astype("<i8").view(np.uint8).reshape(n, 8)
-        floats = np.concatenate([values, state], axis=1).astype("<f4")
-        packed[:, 16:] = floats.view(np.uint8).reshape(n, self.row_bytes - 16)
-        rows = packed.view(f"V{self.row_bytes}").reshape(n).tolist()
+        record = np.empty(keys.shape[0], dtype=self._record())
+        record["version"], record["changed"] = versions, changed
+        record["values"], record["state"] = values, state
+        rows = record.view(f"V{self.row_bytes}").tolist()
         cursor.putmulti(zip(encode_keys(keys), rows, strict=True))
 
     def scan(self, txn: Any) -> tuple[npt.NDArray[np.int64], RowArrays]:
         """Every row, in disk order."""
-        cursor = txn.cursor(self.db)
-        raw_keys = b"".join(cursor.iternext(keys=True, values=False))
-        cursor = txn.cursor(self.db)
-        raw_rows = b"".join(cursor.iternext(keys=False, values=True))
-        n = len(raw_keys) // 8
+        raw_keys = b"".join(txn.cursor(self.db).iternext(keys=True, values=False))
+        raw_rows = b"".join(txn.cursor(self.db).iternext(keys=False, values=True))
         keys = np.frombuffer(raw_keys, dtype=KEY_DTYPE).astype(np.uint64).view(np.int64)
-        rows = np.frombuffer(raw_rows, dtype=np.uint8).reshape(n, self.row_bytes)
-        floats = rows[:, 16:].copy().view("<f4")
+        record = np.frombuffer(raw_rows, dtype=self._record())
         return keys, RowArrays(
-            found=np.ones(n, dtype=bool),
-            versions=rows[:, 0:8].copy().view("<i8")[:, 0].astype(np.int64),
-            changed=rows[:, 8:16].copy().view("<i8")[:, 0].astype(np.int64),
-            values=np.ascontiguousarray(floats[:, : self.dim], dtype=np.float32),
-            state=np.ascontiguousarray(floats[:, self.dim :], dtype=np.float32),
+            found=np.ones(keys.shape[0], dtype=bool),
+            versions=record["version"].astype(np.int64),
+            changed=record["changed"].astype(np.int64),
+            values=np.ascontiguousarray(record["values"], dtype=np.float32),
+            state=np.ascontiguousarray(record["state"], dtype=np.float32),
         )
 
     def clear(self, txn: Any) -> None:

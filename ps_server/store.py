@@ -16,20 +16,20 @@ Locking (documented in the README):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.errors import InvalidArgument, UnknownTable
+from heraldps.errors import InvalidArgument
 from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec
 from ps_server.checks import check_commit_order, check_same_spec
 from ps_server.memory import MemoryBudget
+from ps_server.shard_tables import ShardTables
 from ps_server.table import RowBlock, StagedTable
 
 
-class StagedStore:
+class StagedStore(ShardTables[StagedTable]):
     """Every table of one shard, held in host memory (HugeCTR's Staged-PS)."""
 
     def __init__(
@@ -56,19 +56,7 @@ class StagedStore:
             self._tables[spec.name] = table
             return table, True
 
-    def table(self, name: str) -> StagedTable:
-        table = self._tables.get(name)
-        if table is None:
-            raise UnknownTable(name, list(self._tables))
-        return table
-
-    def tables(self) -> list[StagedTable]:
-        return [self._tables[name] for name in sorted(self._tables)]
-
     # ----- training -------------------------------------------------------
-    def pull(self, name: str, keys: npt.NDArray[np.int64], with_state: bool = False) -> RowBlock:
-        return self.table(name).pull(keys, with_state)
-
     def push(
         self, name: str, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
     ) -> bool:
@@ -99,14 +87,6 @@ class StagedStore:
         new_versions: npt.NDArray[np.int64],
     ) -> None:
         self.table(name).write_back(keys, values, state, base_versions, new_versions)
-
-    def export(
-        self, since_iteration: int, name: str = ""
-    ) -> Iterator[tuple[StagedTable, RowBlock]]:
-        """Rows changed after ``since_iteration``, table by table."""
-        tables = [self.table(name)] if name else self.tables()
-        for table in tables:
-            yield table, table.export(since_iteration)
 
     # ----- snapshots --------------------------------------------------------
     def consistent_snapshot(self) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:
