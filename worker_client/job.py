@@ -67,7 +67,11 @@ class TrainingJob:
             # A positive start (TensorFlow's 0.1) keeps the first steps of rarely seen rows
             # from being lr * g / |g|, which turns float32 rounding noise into full steps.
             return AdaGrad(lr=lr, initial_accumulator=0.1, eps=1e-8)
-        return Adam(lr=lr)
+        # eps 1e-6 instead of 1e-8 for the same reason: on a gradient that cancels to ~1e-9,
+        # Adam's step is about lr * sign(g), so float32 summation order (which worker's
+        # push the PS adds first) would decide a whole step. With 1e-6 the step error stays
+        # near lr * noise / eps.
+        return Adam(lr=lr, eps=1e-6)
 
     def make_initializer(self) -> Normal:
         return Normal(std=0.01, seed=self.seed)
