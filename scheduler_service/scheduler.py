@@ -25,6 +25,17 @@ from scheduler_service.mirror import CacheMirror
 from scheduler_service.plan import CommPlan, TrafficCounts
 
 
+def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
+    """A batch must be split over the scheduler's workers and come in iteration order."""
+    if batch.num_workers != num_workers:
+        raise InvalidArgument(f"batch is split over {batch.num_workers} workers, not {num_workers}")
+    if next_iteration is not None and batch.iteration != next_iteration:
+        raise FailedPrecondition(
+            f"batch for iteration {batch.iteration} is out of order: the scheduler "
+            f"expects iteration {next_iteration}"
+        )
+
+
 # ----- stages ---------------------------------------------------------------------
 class Partitioner(abc.ABC):
     """Decides which worker trains each sample of a batch."""
@@ -111,13 +122,7 @@ class Scheduler:
     def submit(self, batch: Batch) -> list[CommPlan]:
         mirror = self.mirror
         n = mirror.num_workers
-        if batch.num_workers != n:
-            raise InvalidArgument(f"batch is split over {batch.num_workers} workers, not {n}")
-        if self.next_iteration is not None and batch.iteration != self.next_iteration:
-            raise FailedPrecondition(
-                f"batch for iteration {batch.iteration} is out of order: the scheduler "
-                f"expects iteration {self.next_iteration}"
-            )
+        check_next_batch(batch, n, self.next_iteration)
         kids = mirror.kids(batch.keys)
         # The stamps only tell scratch entries of this batch from older ones, so
         # they advance even when the batch is then rejected.
@@ -228,15 +233,7 @@ class SampleScheduler:
         self._pending: list[CommPlan] = []
 
     def submit(self, batch: Batch) -> list[CommPlan]:
-        if batch.num_workers != self.num_workers:
-            raise InvalidArgument(
-                f"batch is split over {batch.num_workers} workers, not {self.num_workers}"
-            )
-        if self.next_iteration is not None and batch.iteration != self.next_iteration:
-            raise FailedPrecondition(
-                f"batch for iteration {batch.iteration} is out of order: the scheduler "
-                f"expects iteration {self.next_iteration}"
-            )
+        check_next_batch(batch, self.num_workers, self.next_iteration)
         m = batch.samples_per_worker
         samples = np.arange(batch.samples, dtype=np.int64)
         released, self._pending = (

@@ -91,8 +91,7 @@ class EmbeddingCache:
         self.keys = np.zeros(capacity, dtype=np.int64)
         self.start = np.zeros(capacity, dtype=np.int64)
         self.clock = np.zeros(capacity, dtype=np.int64)
-        self.dirty = np.zeros(capacity, dtype=bool)
-        self.has_pending = np.zeros(capacity, dtype=bool)
+        self.dirty = np.zeros(capacity, dtype=bool)  # HET: it also has unpushed gradients
         self.last_use = np.zeros(capacity, dtype=np.int64)
         self.uses = np.zeros(capacity, dtype=np.int64)
         self.occupied = np.zeros(capacity, dtype=bool)
@@ -157,7 +156,6 @@ class EmbeddingCache:
         self.start[slots] = versions
         self.clock[slots] = versions
         self.dirty[slots] = False
-        self.has_pending[slots] = False
 
     def remove(self, keys: Keys) -> npt.NDArray[np.int64]:
         """Drop cached keys; return the slots they had (now free)."""
@@ -168,7 +166,6 @@ class EmbeddingCache:
         self._slots.remove(keys)
         self.occupied[slots] = False
         self.dirty[slots] = False
-        self.has_pending[slots] = False
         self._free[self._free_top : self._free_top + slots.shape[0]] = slots
         self._free_top += slots.shape[0]
         return slots

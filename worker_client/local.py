@@ -127,7 +127,7 @@ def _ps_counts(shards: list[ManagedProcess]) -> dict[str, int]:
     return totals
 
 
-def _feed(address: str, batches: list[SparseDataset], workers: int, stop: threading.Event) -> None:
+def _feed(address: str, batches: list[SparseDataset], stop: threading.Event) -> None:
     """Submit every global batch (retrying while the scheduler's backlog is full), then Finish."""
     with grpc.insecure_channel(address, options=channel_options(64 * 2**20)) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -149,10 +149,8 @@ def _feed(address: str, batches: list[SparseDataset], workers: int, stop: thread
             stub.Finish(scheduler_pb2.FinishRequest(), timeout=60)
 
 
-def evaluate(
-    job: TrainingJob, eval_data: SparseDataset, ps: PSClient
-) -> tuple[float, float, dict[str, np.ndarray]]:
-    """AUC and logloss of the PS's current model on ``eval_data``; also the model read."""
+def evaluate(job: TrainingJob, eval_data: SparseDataset, ps: PSClient) -> tuple[float, float]:
+    """AUC and logloss of the PS's current model on ``eval_data``."""
     model = model_for(job, eval_data)
     dense_param = job.dense_parameter(model.dense_size)
     dense = ps.pull_dense(dense_param)
@@ -160,7 +158,7 @@ def evaluate(
     emb, _ = ps.pull(EMBEDDING_TABLE, mb.keys)
     probabilities = np.asarray(model.predict(dense, emb, mb.field_rows, mb.dense))
     labels = np.asarray(mb.labels)
-    return auc(labels, probabilities), logloss(labels, probabilities), {"dense": dense}
+    return auc(labels, probabilities), logloss(labels, probabilities)
 
 
 def read_model(
@@ -228,7 +226,7 @@ def run_mode(
 
         def feed() -> None:
             try:
-                _feed(scheduler.address, batches, job.workers, stop)
+                _feed(scheduler.address, batches, stop)
             except BaseException as exc:  # reported by the monitor loop
                 errors.append(exc)
 
@@ -248,7 +246,7 @@ def run_mode(
         ps_counted = _ps_counts(shard_procs)
         auc_value = logloss_value = float("nan")
         if eval_data is not None:
-            auc_value, logloss_value, _ = evaluate(job, eval_data, ps)
+            auc_value, logloss_value = evaluate(job, eval_data, ps)
         kept = read_model(job, ps, np.unique(train.keys), model.dense_size) if keep_model else {}
         ps.close()
         return ModeResult(

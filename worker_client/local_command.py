@@ -53,7 +53,9 @@ def run_local_command(args: argparse.Namespace) -> int:
     )  # fmt: skip
     job, train, held_out = datasets(args, job)
     job = replace(job, cache_rows=cache_rows_for(train, args.cache_fraction))
-    console = Console(width=None if Console().is_terminal else 160)
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160  # logs and CI: wide enough for the table
     console.print(
         f"[bold]heraldps local[/]: {train.rows:,} training rows ({Path(job.data).name}), "
         f"{held_out.rows:,} held out; {job.workers} workers x {job.batch_size_per_worker}, "

@@ -61,10 +61,6 @@ class Traffic:
         """Gradient pushes plus write-backs, as the scheduler counts ``pushes``."""
         return self.grad_pushes + self.write_backs
 
-    def add(self, other: Traffic) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -85,13 +81,6 @@ def create_tables(ps: PSClient, job: TrainingJob, model: DeepFM) -> None:
     optimizer = job.make_optimizer()
     ps.create_table(EMBEDDING_TABLE, job.embedding_dim, optimizer, job.make_initializer())
     ps.create_dense(DENSE_TABLE, model.dense_size, optimizer, initial=model.init_dense())
-
-
-def _positions(keys: Keys, wanted: Keys) -> npt.NDArray[np.int64]:
-    """Index of each of ``wanted`` in ``keys`` (all present)."""
-    index = KeyIndex(keys.shape[0])
-    index.insert(keys)
-    return index.lookup(wanted)
 
 
 class WorkerTrainer:
@@ -202,13 +191,15 @@ class WorkerTrainer:
             )
         traffic.hits += mb.keys.shape[0] - plan.pull.shape[0]
         loss, emb_grad, dense_grad = self._train(mb, slots)
+        position = KeyIndex(mb.keys.shape[0])
+        position.insert(mb.keys)  # key -> its row in the mini-batch's gradients
         if plan.update_local.shape[0]:
-            local = _positions(mb.keys, plan.update_local)
+            local = position.lookup(plan.update_local)
             local_slots = slots[local]
             self._apply_locally(local_slots, emb_grad[self.xp.asarray(local)])
             cache.dirty[local_slots] = True
         if plan.push_grads.shape[0]:
-            shared = _positions(mb.keys, plan.push_grads)
+            shared = position.lookup(plan.push_grads)
             grads = self._host(emb_grad[self.xp.asarray(shared)])
             self.ps.push_gradients(EMBEDDING_TABLE, plan.push_grads, grads, t)
             traffic.grad_pushes += plan.push_grads.shape[0]
@@ -306,7 +297,6 @@ class WorkerTrainer:
         else:
             device_slots = xp.asarray(slots)
             cache.pending[device_slots] += emb_grad
-            cache.has_pending[slots] = True
             self._apply_locally(slots, emb_grad)
             cache.dirty[slots] = True
             over = slots[cache.clock[slots] - cache.start[slots] > s]
@@ -314,21 +304,20 @@ class WorkerTrainer:
             cache.remove(cache.keys[over])
         self.ps.push_dense_gradients(self.dense, self._host(dense_grad), t)
         if final:
-            leftover = np.flatnonzero(cache.occupied & cache.has_pending)
+            leftover = np.flatnonzero(cache.occupied & cache.dirty)
             flushed = Traffic()
             self._push_pending(leftover, t, flushed)
             traffic.final_flush += flushed.grad_pushes
         return traffic, loss
 
     def _push_pending(self, slots: npt.NDArray[np.int64], iteration: int, traffic: Traffic) -> None:
-        """Push the accumulated gradients of those ``slots`` that have any."""
+        """Push the accumulated gradients of those ``slots`` that have any (the dirty ones)."""
         cache = self.cache
-        slots = slots[cache.has_pending[slots]]
+        slots = slots[cache.dirty[slots]]
         if not slots.shape[0]:
             return
         grads = self._host(cache.pending[self.xp.asarray(slots)])
         self.ps.push_gradients(EMBEDDING_TABLE, cache.keys[slots], grads, iteration)
         cache.pending[self.xp.asarray(slots)] = 0
-        cache.has_pending[slots] = False
         cache.dirty[slots] = False
         traffic.grad_pushes += slots.shape[0]
