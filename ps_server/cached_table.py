@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.keyindex import KeyIndex, distinct
+from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server.checks import check_push_iteration, check_versions_unchanged, check_write_back
 from ps_server.kernels import copy_clocks, copy_rows, scatter_add_rows
@@ -233,14 +233,14 @@ class CachedTable:
         if not its:
             return None, its, 0
         contents = [self._buffers[it].contents() for it in its]
-        union = distinct(np.concatenate([k for k, _ in contents]))[0]
+        union, inverse = distinct(np.concatenate([k for k, _ in contents]))
         rows = self._read(union, txn=txn, admit=False)
-        index = KeyIndex(union.shape[0])
-        index.insert(union)
+        start = 0
         for it, (keys, grads) in zip(its, contents, strict=True):
-            self._apply(rows, index.lookup(keys), grads, it)
+            self._apply(rows, inverse[start : start + keys.shape[0]], grads, it)
+            start += keys.shape[0]
         self._write(txn, rows)
-        return rows, its, sum(int(k.shape[0]) for k, _ in contents)
+        return rows, its, start
 
     def finish_commit(self, iteration: int, rows: _Rows | None, its: list[int]) -> None:
         """The transaction is durable: drop the applied buffers, refresh cached copies."""

@@ -208,3 +208,24 @@ def test_restore_loads_a_snapshot_at_start(
     finally:
         restored.close()
         server.stop(grace=0)
+
+
+def test_one_commit_applies_several_buffered_iterations_like_the_staged_store(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    _, staged = cluster(1)
+    _, cached = cluster(1, store="cached", data_dir=str(tmp_path), cache_gb=20 * 88 / 2**30)
+    rng = np.random.default_rng(4)
+    pushes = [(t, np.unique(rng.integers(0, 300, 120))) for t in (0, 1, 1, 3)]
+    updated = []
+    for ps in (staged, cached):
+        ps.create_table("emb", dim=8, optimizer=AdaGrad(lr=0.1, initial_accumulator=0.1))
+        for t, keys in pushes:  # overlapping keys across iterations 0, 1 and 3
+            ps.push_gradients("emb", keys, np.full((keys.shape[0], 8), t + 1.0, np.float32), t)
+        updated.append(ps.commit(3))
+    per_iteration = {
+        t: np.unique(np.concatenate([k for i, k in pushes if i == t])) for t in (0, 1, 3)
+    }
+    assert updated == [sum(k.shape[0] for k in per_iteration.values())] * 2
+    for x, y in zip(all_rows(staged, "emb"), all_rows(cached, "emb"), strict=True):
+        assert np.array_equal(x, y)
