@@ -55,7 +55,7 @@ def run_local_command(args: argparse.Namespace) -> int:
     job = replace(job, cache_rows=cache_rows_for(train, args.cache_fraction))
     console = Console()
     if not console.is_terminal:
-        console.width = 160  # logs and CI: wide enough for the table
+        console.width = 180  # logs and CI: wide enough for the whole table
     console.print(
         f"[bold]heraldps local[/]: {train.rows:,} training rows ({Path(job.data).name}), "
         f"{held_out.rows:,} held out; {job.workers} workers x {job.batch_size_per_worker}, "
