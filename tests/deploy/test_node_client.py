@@ -24,7 +24,7 @@ import numpy.typing as npt
 import pytest
 
 from heraldps.client import PSClient
-from heraldps.init import Normal, Uniform
+from heraldps.init import Initializer, Normal, Uniform
 from heraldps.optim import SGD, AdaGrad, Optimizer
 from heraldps.sharding import shard_of
 from heraldps.spec import TableSpec
@@ -117,7 +117,7 @@ def test_node_client_trains_one_iteration_on_two_cli_shards(tmp_path: Path) -> N
         report = json.loads(report_path.read_text())
         assert report["iteration"] == 0
 
-        tables = {
+        tables: dict[str, tuple[Optimizer, Initializer, int]] = {
             "node_sgd": (SGD(lr=0.1), Normal(std=0.01, seed=7), 0),
             "node_adagrad": (
                 AdaGrad(lr=0.05, initial_accumulator=0.1, eps=1e-8),
