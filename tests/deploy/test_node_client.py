@@ -163,3 +163,25 @@ def test_node_client_exits_nonzero_with_the_servers_error(
     assert done.returncode == 2, done.stdout + done.stderr
     assert "CreateTable" in done.stderr and "ALREADY_EXISTS" in done.stderr
     assert ps.describe_table("node_sgd").spec.dim == 4
+
+
+def test_node_routing_equals_python_for_many_keys_and_shard_counts() -> None:
+    node = _node_ready()
+    keys = np.random.default_rng(5).integers(-(2**63), 2**63 - 1, 500, dtype=np.int64)
+    keys[:4] = [0, -1, 2**63 - 1, -(2**63)]
+    script = (
+        'import { shardOf } from "./heraldps.mjs";'
+        'const keys = process.argv[1].split(",").map(BigInt);'
+        "for (let s = 1; s <= 9; s++) console.log(keys.map((k) => shardOf(k, s)).join(','));"
+    )
+    done = subprocess.run(
+        [node, "--input-type=module", "-e", script, ",".join(map(str, keys.tolist()))],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) == 9
+    for num_shards, line in enumerate(done.stdout.split(), start=1):
+        assert [int(s) for s in line.split(",")] == shard_of(keys, num_shards).tolist()
