@@ -1,0 +1,148 @@
+"""Reading a kustomize build of deploy/k8s: render it, find objects, resolve pod env.
+
+The tests render with the real ``kubectl kustomize`` and then look at the
+plain objects, the way the API server will see them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+
+Obj = dict[str, Any]
+
+# Where the StatefulSet controller and the Job controller put a pod's identity.
+POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
+
+
+def kustomize(kubectl: str, directory: Path) -> str:
+    """YAML of ``kubectl kustomize DIR``; a failed build fails with kustomize's message."""
+    done = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"kubectl kustomize {directory} failed:\n{done.stderr}")
+    return done.stdout
+
+
+def selects(selector: Obj, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels and matchExpressions) matches ``labels``."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+@dataclass
+class Build:
+    """The objects of one rendered kustomization."""
+
+    name: str
+    yaml_text: str
+    objects: list[Obj]
+
+    @classmethod
+    def parse(cls, name: str, text: str) -> Build:
+        return cls(name, text, [o for o in yaml.safe_load_all(text) if o])
+
+    def all(self, kind: str) -> list[Obj]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def get(self, kind: str, name: str) -> Obj:
+        found = [o for o in self.all(kind) if o["metadata"]["name"] == name]
+        assert len(found) == 1, f"{self.name}: expected one {kind} {name}, found {len(found)}"
+        return found[0]
+
+    def workloads(self) -> list[Obj]:
+        return [o for o in self.objects if o["kind"] in WORKLOAD_KINDS]
+
+    def pod_labels(self) -> list[tuple[Obj, dict[str, str]]]:
+        """(workload, its pod template's labels) for every workload."""
+        return [(w, w["spec"]["template"]["metadata"]["labels"]) for w in self.workloads()]
+
+    def selected_workloads(self, selector: Obj) -> list[str]:
+        """Names of the workloads whose pods ``selector`` matches."""
+        return [
+            w["metadata"]["name"] for w, labels in self.pod_labels() if selects(selector, labels)
+        ]
+
+    def container(self, kind: str, name: str, container: str) -> Obj:
+        spec = self.get(kind, name)["spec"]["template"]["spec"]
+        found = [c for c in spec["containers"] if c["name"] == container]
+        assert found, f"{self.name}: {kind} {name} has no container {container}"
+        chosen: Obj = found[0]
+        return chosen
+
+    def config(self, name: str = "heraldps-config") -> dict[str, str]:
+        data: dict[str, str] = self.get("ConfigMap", name).get("data") or {}
+        return data
+
+    def env(self, container: Obj, fields: dict[str, str] | None = None) -> dict[str, str]:
+        """A container's environment as the kubelet would set it.
+
+        ``fields`` gives the downward-API values (``POD_INDEX`` -> "0", ...).
+        """
+        env: dict[str, str] = {}
+        for var in container.get("env") or []:
+            if "value" in var:
+                env[var["name"]] = var["value"]
+                continue
+            source = var["valueFrom"]
+            if "configMapKeyRef" in source:
+                ref = source["configMapKeyRef"]
+                env[var["name"]] = self.config(ref["name"])[ref["key"]]
+            elif "fieldRef" in source:
+                path = source["fieldRef"]["fieldPath"]
+                assert fields is not None and path in fields, f"no value given for {path}"
+                env[var["name"]] = fields[path]
+            else:
+                raise AssertionError(f"{self.name}: unhandled env source {source}")
+        return env
+
+    def env_source(self, container: Obj, name: str) -> Obj:
+        """The raw env entry ``name`` of ``container``."""
+        found = [v for v in container.get("env") or [] if v["name"] == name]
+        assert len(found) == 1, f"{self.name}: {container['name']} sets {name} {len(found)} times"
+        entry: Obj = found[0]
+        return entry
+
+
+def container_ports(pod_spec: Obj) -> dict[str | int, int]:
+    """Every container port of a pod, by name and by number -> number."""
+    ports: dict[str | int, int] = {}
+    for container in pod_spec["containers"]:
+        for port in container.get("ports") or []:
+            ports[port["containerPort"]] = port["containerPort"]
+            if "name" in port:
+                ports[port["name"]] = port["containerPort"]
+    return ports
+
+
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (``512Mi``, ``4Gi``, ``1G``, ``1000``) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6,
+             "G": 10**9, "T": 10**12}  # fmt: skip
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * factor)
+    return int(quantity)
