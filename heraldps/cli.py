@@ -2,21 +2,20 @@
 
 Every flag can also be set through an environment variable named
 ``HERALDPS_<FLAG>`` (upper case, dashes as underscores: ``--max-message-mb``
-is ``HERALDPS_MAX_MESSAGE_MB``); a flag on the command line wins.
+is ``HERALDPS_MAX_MESSAGE_MB``); a flag on the command line wins. See
+``heraldps.env_parser`` for the rules.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
 from heraldps import __version__
+from heraldps.env_parser import EnvArgumentParser, mention_env
 from heraldps.runtime import tune_malloc
-
-ENV_PREFIX = "HERALDPS_"
 
 
 def _add_ps_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -338,33 +337,79 @@ def _run_local(args: argparse.Namespace) -> int:
         return 130
 
 
-def _apply_env_defaults(parser: argparse.ArgumentParser) -> None:
-    """Let HERALDPS_<DEST> environment variables provide defaults for every flag."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                _apply_env_defaults(sub)
-            continue
-        if not action.option_strings or action.dest in ("help", "version"):
-            continue
-        value = os.environ.get(ENV_PREFIX + action.dest.upper())
-        if value is None:
-            continue
-        if action.type is not None and callable(action.type):
-            try:
-                action.default = action.type(value)
-            except ValueError:
-                parser.error(f"{ENV_PREFIX}{action.dest.upper()}={value!r} is not valid")
-        elif isinstance(action, argparse._StoreTrueAction):
-            action.default = value.lower() in ("1", "true", "yes", "on")
-        else:
-            action.default = value
+def _add_health_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "health",
+        help="ask a heraldps process whether it is SERVING (exit 0) or not (exit 1)",
+        description="Check the gRPC health service at ADDR once: exit 0 if it reports "
+        "SERVING, 1 otherwise (not reachable, NOT_SERVING, unknown service), with the reason "
+        "on stderr. Container healthchecks and probes run this.",
+    )
+    p.add_argument("address", metavar="ADDR", help="host:port of a PS shard or the scheduler")
+    p.add_argument("--service", default="", help="service name to check (default: the server)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    p.set_defaults(run=_run_health)
+
+
+def _run_health(args: argparse.Namespace) -> int:
+    from heraldps.healthcheck import check
+
+    health = check(args.address, args.service, args.timeout)
+    print(health.message, file=sys.stdout if health.serving else sys.stderr)
+    return 0 if health.serving else 1
+
+
+def _add_feed_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "feed",
+        help="create a job's tables and feed its batches to a running cluster (one-shot)",
+        description="Wait for the PS shards and the scheduler, create the job's tables "
+        "(idempotent), submit every global batch, Finish, and exit 0 once the scheduler "
+        "has committed the last iteration.",
+    )
+    p.add_argument("--job", required=True, help="job JSON (data may be bundled:criteo_head8k)")
+    p.add_argument("--scheduler", required=True, help="scheduler address host:port")
+    p.add_argument("--ps", required=True, help="comma-separated PS shard addresses, in order")
+    p.add_argument(
+        "--timeout-seconds",
+        type=float,
+        default=300.0,
+        help="wait this long for the services, per RPC, and for progress (default: %(default)s)",
+    )
+    p.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
+    p.set_defaults(run=_run_feed)
+
+
+def _run_feed(args: argparse.Namespace) -> int:
+    import grpc
+
+    from heraldps.errors import HeraldError
+    from worker_client.feed import FeedConfig, run_feed
+
+    config = FeedConfig(
+        job=args.job, scheduler=args.scheduler, ps=tuple(a for a in args.ps.split(",") if a),
+        timeout_seconds=args.timeout_seconds, metrics_port=args.metrics_port,
+    )  # fmt: skip
+    try:
+        run_feed(config)
+    except (ValueError, OSError, HeraldError) as exc:
+        print(f"heraldps feed: {exc}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as err:
+        code = err.code().name if hasattr(err, "code") else "error"
+        details = err.details() if hasattr(err, "details") else str(err)
+        print(f"heraldps feed: an RPC failed: {code} {details}", file=sys.stderr)
+        return 1
+    print(f"heraldps feed: every iteration of {args.job} committed")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = EnvArgumentParser(
         prog="heraldps",
-        description="heraldps: a parameter-server cluster for embedding models.",
+        description="heraldps: a parameter-server cluster for embedding models. Every flag "
+        "--some-flag can also come from the environment variable HERALDPS_SOME_FLAG; the "
+        "command line wins.",
     )
     parser.add_argument("--version", action="version", version=f"heraldps {__version__}")
     parser.add_argument(
@@ -377,7 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker_parser(sub)
     _add_keyset_parser(sub)
     _add_local_parser(sub)
-    _apply_env_defaults(parser)
+    _add_health_parser(sub)
+    _add_feed_parser(sub)
+    mention_env(parser)
     return parser
 
 

@@ -66,6 +66,8 @@ from typing import TextIO
 import numpy as np
 import numpy.typing as npt
 
+from heraldps import bundled
+
 FORMATS = ("criteo", "avazu", "csv")
 
 CRITEO_COLUMNS: tuple[str, ...] = (
@@ -457,9 +459,10 @@ def read_dataset(
     """Read a CTR file of ``format`` (one of ``FORMATS``) into a ``SparseDataset``.
 
     Column arguments left as None take the format's defaults (see the module
-    docstring); ``max_rows`` stops reading after that many data rows.
+    docstring); ``max_rows`` stops reading after that many data rows. ``path`` may
+    name a file shipped in the package (``bundled:criteo_head8k``, see ``heraldps.bundled``).
     """
-    path = Path(path)
+    path = bundled.resolve(path)
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}")
     if max_rows is not None and max_rows < 0:

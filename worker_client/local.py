@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from heraldps import wire
+from heraldps.bundled import bundled_data as bundled_data  # re-exported for callers
 from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset
 from heraldps.serving import channel_options
@@ -39,18 +38,13 @@ from worker_client.cluster import (
     worker_process,
 )
 from worker_client.evaluation import auc, logloss
+from worker_client.feed import MAX_MESSAGE_BYTES, submit_batches
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches, select
 from worker_client.trainer import create_tables, model_for
 
 HERALD_MODES = ("naive", "on_demand", "location_aware", "herald")
 ALL_MODES = (*HERALD_MODES, "het")
-
-
-def bundled_data() -> tuple[Path, Path]:
-    """(train, test) of the Criteo sample shipped inside the package."""
-    root = Path(str(resources.files("heraldps") / "data" / "criteo_head8k"))
-    return root / "train.tsv", root / "test.tsv"
 
 
 Progress = Callable[[str, int, int, dict[str, float]], None]
@@ -129,24 +123,8 @@ def _ps_counts(shards: list[ManagedProcess]) -> dict[str, int]:
 
 def _feed(address: str, batches: list[SparseDataset], stop: threading.Event) -> None:
     """Submit every global batch (retrying while the scheduler's backlog is full), then Finish."""
-    with grpc.insecure_channel(address, options=channel_options(64 * 2**20)) as channel:
-        stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        for t, batch in enumerate(batches):
-            request = scheduler_pb2.SubmitBatchRequest(
-                iteration=t,
-                offsets=wire.encode_keys(batch.offsets),
-                keys=wire.encode_keys(batch.keys),
-            )
-            while not stop.is_set():
-                try:
-                    stub.SubmitBatch(request, timeout=60)
-                    break
-                except grpc.RpcError as err:
-                    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        raise
-                    time.sleep(0.01)
-        if not stop.is_set():
-            stub.Finish(scheduler_pb2.FinishRequest(), timeout=60)
+    with grpc.insecure_channel(address, options=channel_options(MAX_MESSAGE_BYTES)) as channel:
+        submit_batches(scheduler_pb2_grpc.SchedulerStub(channel), batches, stop=stop)
 
 
 def evaluate(job: TrainingJob, eval_data: SparseDataset, ps: PSClient) -> tuple[float, float]:

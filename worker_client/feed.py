@@ -1,0 +1,232 @@
+"""``heraldps feed``: the data feeder of a deployed cluster.
+
+``heraldps local`` creates the tables and feeds the scheduler itself. In a
+deployment (compose, Kubernetes) the shards, the scheduler and the workers are
+separate services, and ``heraldps feed`` is the one-shot process that does the
+same: wait until the shards and the scheduler serve, create the job's tables
+(idempotent), submit every global batch, call Finish, and wait until the
+scheduler has committed the last iteration. Exit 0 then; any failure, a stall
+included, ends it with a message and a non-zero code, never a hang.
+
+Run again against the same scheduler (a restarted feed container), it resumes
+at the scheduler's next batch, or only waits if every batch was submitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from heraldps import wire
+from heraldps.client import PSClient
+from heraldps.datasets import SparseDataset
+from heraldps.errors import HeraldError
+from heraldps.healthcheck import wait_serving
+from heraldps.serving import channel_options
+from heraldps.v1 import ps_pb2, ps_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from worker_client.job import TrainingJob
+from worker_client.minibatch import global_batches
+from worker_client.trainer import create_tables, model_for
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 2**20
+
+
+class FeedError(HeraldError):
+    """The run cannot be fed or did not finish; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class FeedConfig:
+    """``heraldps feed`` flags (or ``HERALDPS_*`` variables)."""
+
+    job: str
+    scheduler: str
+    ps: tuple[str, ...]
+    # Wait this long for the services to serve, per RPC, and for progress (a batch
+    # accepted or an iteration committed) before giving up.
+    timeout_seconds: float = 300.0
+    metrics_port: int | None = None
+
+
+def submit_batches(
+    stub: scheduler_pb2_grpc.SchedulerStub,
+    batches: list[SparseDataset],
+    *,
+    start: int = 0,
+    stop: threading.Event | None = None,
+    patience: float | None = None,
+    timeout: float = 60.0,
+) -> bool:
+    """Submit ``batches[start:]`` in order, then Finish; False if ``stop`` was set first.
+
+    While the scheduler's backlog is full (``RESOURCE_EXHAUSTED``) the batch is
+    retried; after ``patience`` seconds without an accepted batch, FeedError.
+    """
+    for t in range(start, len(batches)):
+        batch = batches[t]
+        request = scheduler_pb2.SubmitBatchRequest(
+            iteration=t, offsets=wire.encode_keys(batch.offsets), keys=wire.encode_keys(batch.keys)
+        )
+        waiting_since = time.monotonic()
+        while True:
+            if stop is not None and stop.is_set():
+                return False
+            try:
+                stub.SubmitBatch(request, timeout=timeout)
+                break
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+            if patience is not None and time.monotonic() - waiting_since > patience:
+                raise FeedError(
+                    f"the scheduler accepted no batch for {patience:g} s (its backlog stays "
+                    f"full at iteration {t}): are the workers running? see their logs"
+                )
+            time.sleep(0.01)
+    if stop is not None and stop.is_set():
+        return False
+    stub.Finish(scheduler_pb2.FinishRequest(), timeout=timeout)
+    return True
+
+
+class FeedMetrics:
+    """Progress of the feed on ``/metrics`` (``--metrics-port``)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.batches = Gauge("heraldps_feed_batches", "Global batches of the job", registry=r)
+        self.submitted = Gauge(
+            "heraldps_feed_submitted_batches", "Batches the scheduler accepted", registry=r
+        )
+        self.committed = Gauge(
+            "heraldps_feed_committed_iteration",
+            "Last iteration the scheduler reported committed (-1: none)",
+            registry=r,
+        )
+        self.committed.set(-1)
+
+
+def run_feed(config: FeedConfig) -> None:
+    """Feed the job to the cluster and wait for the last commit; FeedError on failure."""
+    if not config.ps:
+        raise FeedError("--ps needs the PS shard addresses, comma-separated, in shard order")
+    job = TrainingJob.load(config.job)
+    dataset = job.read()
+    batches = global_batches(dataset, job.global_batch, job.iterations, job.epochs)
+    metrics = FeedMetrics()
+    metrics.batches.set(len(batches))
+    if config.metrics_port is not None:
+        start_http_server(config.metrics_port, registry=metrics.registry)
+    timeout = config.timeout_seconds
+    deadline = time.monotonic() + timeout
+    for address in (*config.ps, config.scheduler):
+        health = wait_serving(address, "", deadline)
+        if not health.serving:
+            raise FeedError(f"not ready after {timeout:g} s: {health.message}")
+    log.info("shards %s and scheduler %s serve", ",".join(config.ps), config.scheduler)
+    options = channel_options(MAX_MESSAGE_BYTES)
+    with grpc.insecure_channel(config.scheduler, options=options) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=timeout)
+        _check_cluster(job, len(batches), status, _shards_committed(config.ps, timeout))
+        with PSClient(list(config.ps), timeout=timeout) as ps:
+            _create_tables(ps, job, dataset)
+        start = int(status.next_batch_iteration)
+        if not status.finished:
+            log.info("submitting batches %d..%d of %d", start, len(batches) - 1, len(batches))
+            submit_batches(stub, batches, start=start, patience=timeout, timeout=timeout)
+        metrics.submitted.set(len(batches))
+        _wait_committed(stub, len(batches) - 1, timeout, metrics)
+    log.info("all %d iterations committed", len(batches))
+
+
+def _shards_committed(addresses: tuple[str, ...], timeout: float) -> dict[str, int]:
+    """Each shard's last committed iteration (-1 before any commit)."""
+    committed = {}
+    for address in addresses:
+        with grpc.insecure_channel(address) as channel:
+            info = ps_pb2_grpc.ParameterServerStub(channel).GetShardInfo(
+                ps_pb2.GetShardInfoRequest(), timeout=timeout
+            )
+            committed[address] = int(info.committed_iteration)
+    return committed
+
+
+def _check_cluster(
+    job: TrainingJob,
+    batches: int,
+    status: scheduler_pb2.SchedulerStatus,
+    shards_committed: dict[str, int],
+) -> None:
+    """Refuse a scheduler or shards that cannot train this job from where they are."""
+    if status.num_workers != job.workers:
+        raise FeedError(
+            f"the scheduler plans for {status.num_workers} workers but the job has "
+            f"{job.workers}: start the scheduler with --workers {job.workers} "
+            f"(HERALDPS_WORKERS={job.workers})"
+        )
+    if status.next_batch_iteration > batches:
+        raise FeedError(
+            f"the scheduler already has batches up to iteration "
+            f"{status.next_batch_iteration - 1}, but this job has {batches}: it is running "
+            "another job; restart it"
+        )
+    fresh = status.committed_iteration < 0 and status.next_batch_iteration == 0
+    trained = {a: c for a, c in shards_committed.items() if c >= 0}
+    if fresh and not status.finished and trained:
+        listed = ", ".join(f"{a} at iteration {c}" for a, c in trained.items())
+        raise FeedError(
+            f"the scheduler has not seen a batch, but PS shards already committed ({listed}): "
+            "they hold a model of an earlier run. Start the shards empty (a fresh --data-dir "
+            "for cached shards; compose: `docker compose -f deploy/docker-compose.yml down -v`)"
+        )
+
+
+def _create_tables(ps: PSClient, job: TrainingJob, dataset: SparseDataset) -> None:
+    """The job's tables, as ``heraldps local`` creates them; an existing same spec is fine."""
+    try:
+        create_tables(ps, job, model_for(job, dataset))
+    except grpc.RpcError as err:
+        if err.code() == grpc.StatusCode.ALREADY_EXISTS:
+            raise FeedError(
+                f"the PS already has a table of this name with another spec ({err.details()}): "
+                "these shards hold another job's tables; start them empty"
+            ) from None
+        if err.code() != grpc.StatusCode.ABORTED:
+            raise
+        # The dense rows' initial values are written only while the rows are untouched
+        # (version 0): ABORTED means this run already trained them. Keep them.
+        log.info("dense rows already trained by this run; tables kept as they are")
+
+
+def _wait_committed(
+    stub: scheduler_pb2_grpc.SchedulerStub, last: int, patience: float, metrics: FeedMetrics
+) -> None:
+    """Poll GetStatus until ``last`` is committed; FeedError after ``patience`` s stalled."""
+    seen, since, logged = -2, time.monotonic(), 0.0
+    while True:
+        status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=patience)
+        now = time.monotonic()
+        if status.committed_iteration != seen:
+            seen, since = int(status.committed_iteration), now
+            metrics.committed.set(seen)
+            if now - logged > 5 or seen >= last:
+                log.info("committed iteration %d of %d", seen, last)
+                logged = now
+        if status.finished and seen >= last:
+            return
+        if now - since > patience:
+            registered = ", ".join(str(w) for w in status.registered_workers) or "none"
+            raise FeedError(
+                f"no iteration committed for {patience:g} s (last committed {seen} of {last}; "
+                f"registered workers: {registered} of {status.num_workers}): is every worker "
+                "running? see their logs"
+            )
+        time.sleep(0.1)
