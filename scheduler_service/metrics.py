@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+
+from scheduler_service.plan import TrafficCounts
 
 _PLAN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
@@ -45,7 +50,77 @@ class SchedulerMetrics:
         self.committed = Gauge(
             "heraldps_scheduler_committed_iteration", "Last committed iteration", registry=r
         )
+        self.commits = Counter(
+            "heraldps_scheduler_commits", "Iterations committed on every PS shard", registry=r
+        )
+        self.last_commit = Gauge(
+            "heraldps_scheduler_last_commit_timestamp_seconds",
+            "Unix time of the last commit (of the scheduler's start before the first)",
+            registry=r,
+        )
+        self.last_commit.set_to_current_time()
+        self.registered = Gauge(
+            "heraldps_scheduler_registered_workers", "Workers that called RegisterWorker",
+            registry=r,
+        )  # fmt: skip
+        self.finished = Gauge(
+            "heraldps_scheduler_finished", "1 once the feeder called Finish (no more batches)",
+            registry=r,
+        )  # fmt: skip
         self.final_flush = Gauge(
             "heraldps_scheduler_final_flush_rows", "Dirty rows left for the final flush",
             registry=r,
         )  # fmt: skip
+
+    def watch_counts(
+        self, counts: Callable[[], TrafficCounts], naive: Callable[[], TrafficCounts | None]
+    ) -> None:
+        """Export assignment locality from ``counts()`` and naive's rows from ``naive()``
+        (None: not known), both read at scrape time."""
+        self.registry.register(_CountsCollector(self.mode, counts, naive))
+
+
+class _CountsCollector:
+    """Counters read from the scheduler's own running counts when Prometheus scrapes."""
+
+    def __init__(
+        self,
+        mode: str,
+        counts: Callable[[], TrafficCounts],
+        naive: Callable[[], TrafficCounts | None],
+    ) -> None:
+        self.mode = mode
+        self.counts = counts
+        self.naive = naive
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        c = self.counts()
+        held = CounterMetricFamily(
+            "heraldps_scheduler_held_samples",
+            "Samples at least one of whose keys some worker held validly when planned",
+            labels=["mode"],
+        )
+        held.add_metric([self.mode], c.held_samples)
+        yield held
+        local = CounterMetricFamily(
+            "heraldps_scheduler_local_samples",
+            "Held samples assigned to a worker holding the most of their keys (locality)",
+            labels=["mode"],
+        )
+        local.add_metric([self.mode], c.local_samples)
+        yield local
+        naive = CounterMetricFamily(
+            "heraldps_scheduler_naive_rows",
+            "Rows mode naive would move on the same batches, by kind (pull, grad_push, write_back)",
+            labels=["mode", "kind"],
+        )
+        n = self.naive()
+        if n is not None:
+            naive.add_metric([self.mode, "pull"], n.pulls)
+            naive.add_metric([self.mode, "grad_push"], n.grad_pushes)
+            naive.add_metric([self.mode, "write_back"], n.write_backs)
+        yield naive
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        """The families (without samples), so the registry rejects a duplicate name."""
+        return self.collect()
