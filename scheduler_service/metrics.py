@@ -9,6 +9,8 @@ from prometheus_client.core import CounterMetricFamily
 
 from scheduler_service.plan import TrafficCounts
 
+PLANNED_KINDS = ("pull", "grad_push", "write_back")
+REPORTED_KINDS = (*PLANNED_KINDS, "final_flush", "version_check")
 _PLAN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -39,6 +41,8 @@ class SchedulerMetrics:
             "version_check)",
             ["mode", "worker", "kind"], registry=r,
         )  # fmt: skip
+        for kind in PLANNED_KINDS:  # from 0, so rates include the first plans
+            self.planned_rows.labels(mode, kind)
         self.hit_ratio = Gauge(
             "heraldps_scheduler_cache_hit_ratio",
             "Share of a worker's trained rows found valid in its cache (last iteration)",
@@ -71,6 +75,12 @@ class SchedulerMetrics:
             "heraldps_scheduler_final_flush_rows", "Dirty rows left for the final flush",
             registry=r,
         )  # fmt: skip
+
+    def start_worker(self, worker: int) -> None:
+        """Start a registered worker's report counters at 0: a rate over a window that
+        begins before its first report then counts that report too."""
+        for kind in REPORTED_KINDS:
+            self.reported_rows.labels(self.mode, str(worker), kind)
 
     def watch_counts(
         self, counts: Callable[[], TrafficCounts], naive: Callable[[], TrafficCounts | None]

@@ -91,6 +91,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.RegisterWorkerResponse:
         self.barrier.register(request.worker_id)
         self.metrics.registered.set(len(self.barrier.registered))
+        self.metrics.start_worker(request.worker_id)
         log.info("worker %d registered", request.worker_id)
         s = self.barrier.scheduler
         return scheduler_pb2.RegisterWorkerResponse(
