@@ -40,6 +40,7 @@ class Panel:
     unit: str = "short"
     kind: str = "timeseries"  # or "stat", "bargauge"
     options: dict[str, Any] = field(default_factory=dict)
+    limits: tuple[float, float] | None = None  # axis / gauge (min, max)
 
 
 def quantiles(metric: str, by: str, legend: str) -> tuple[Query, ...]:
@@ -196,6 +197,7 @@ SCHEDULER = [
             ),
         ),
         "percentunit",
+        limits=(0.0, 1.0),
     ),
     Panel(
         "Predicted vs actual rows/s",
@@ -225,6 +227,7 @@ SCHEDULER = [
         "cache, last iteration.",
         (Query("max by (worker) (heraldps_scheduler_cache_hit_ratio)", "worker {{worker}}"),),
         "percentunit",
+        limits=(0.0, 1.0),
     ),
     Panel(
         "Naive rows/s (baseline)",
@@ -247,6 +250,7 @@ WORKERS = [
         "percentunit",
         "bargauge",
         {"displayMode": "basic", "orientation": "horizontal"},
+        (0.0, 1.5),
     ),
     Panel(
         "Rows moved/s",
@@ -271,6 +275,7 @@ WORKERS = [
             ),
         ),
         "percentunit",
+        limits=(0.0, 1.0),
     ),
     Panel(
         "Cache occupancy",
@@ -288,6 +293,7 @@ WORKERS = [
             ),
         ),
         "percentunit",
+        limits=(0.0, 1.0),
     ),
     Panel(
         "Iteration time",
@@ -321,6 +327,7 @@ WORKERS = [
             ),
         ),
         "percentunit",
+        limits=(0.0, 1.0),
     ),
     Panel(
         "Last iteration per worker",
@@ -339,6 +346,9 @@ ROWS = [
 
 
 def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": panel.unit}
+    if panel.limits is not None:
+        defaults["min"], defaults["max"] = panel.limits
     targets = [
         {
             "datasource": DATASOURCE,
@@ -357,7 +367,7 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         "description": panel.description,
         "datasource": DATASOURCE,
         "gridPos": {"h": PANEL_HEIGHT, "w": PANEL_WIDTH, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
         "targets": targets,
     }
     if panel.kind == "timeseries":
