@@ -233,6 +233,9 @@ def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument(
         "--prefetch", default=None, help="keyset file to load into the PS caches before training"
     )
+    p.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
+    )
     p.set_defaults(run=_run_worker)
 
 
@@ -243,6 +246,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         job=args.job, worker_id=args.worker_id, scheduler=args.scheduler,
         ps=tuple(a for a in args.ps.split(",") if a), report=args.report,
         timeout_seconds=args.timeout_seconds, prefetch=args.prefetch,
+        metrics_port=args.metrics_port,
     )  # fmt: skip
     return run_worker(config)
 

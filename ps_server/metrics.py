@@ -74,3 +74,9 @@ class PSMetrics:
             ["shard"],
             registry=r,
         )
+
+    def add_table(self, table: str) -> None:
+        """Start the table's row counters at 0, so every series exists before its first use
+        (a dashboard query of, say, HET clock checks then returns 0, not nothing)."""
+        for counter in (self.pulled, self.version_checks, self.pushed, self.written_back):
+            counter.labels(self.shard, table)

@@ -94,6 +94,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         table, created = self.store.create_table(TableSpec.from_proto(request.spec))
         if created:
             log.info("created table %s", table.spec)
+        self.metrics.add_table(table.name)
         self._observe_size(table)
         return ps_pb2.CreateTableResponse(table=self._info(table), created=created)
 

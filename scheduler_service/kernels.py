@@ -89,41 +89,79 @@ def record_keys(kids, keys, known, key_of):  # type: ignore[no-untyped-def]  # p
 
 
 # ----- stage 1: partition ----------------------------------------------------
+@numba.njit(cache=True, nogil=True, inline="always")
+def _score(offsets, kids, holders, seen, stamp, i, scores):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """``scores[w]`` = distinct keys of sample ``i`` that worker w holds validly."""
+    total = kids.shape[0]
+    scores[:] = 0
+    for p in range(offsets[i], offsets[i + 1]):
+        if p + PREFETCH_DISTANCE < total:
+            prefetch(holders, kids[p + PREFETCH_DISTANCE])
+        k = kids[p]
+        if seen[k] == stamp:
+            continue
+        seen[k] = stamp
+        mask = holders[k]
+        while mask:
+            low = mask & (~mask + np.uint64(1))
+            scores[bit_index(low)] += 1
+            mask ^= low
+
+
 @numba.njit(cache=True, nogil=True)
 def location_aware_assign(offsets, kids, holders, seen, stamp0, num_workers, per_worker):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Herald Algorithm 1: each sample, in input order, goes to the worker with room
-    whose cache holds the most of its distinct keys validly (ties: lowest id)."""
+    whose cache holds the most of its distinct keys validly (ties: lowest id).
+
+    Also returns the locality counts of :func:`assignment_locality`, from the same scores.
+    """
     samples = offsets.shape[0] - 1
     total = kids.shape[0]
     room = np.full(num_workers, per_worker, dtype=np.int64)
     assign = np.empty(samples, dtype=np.int64)
     scores = np.zeros(num_workers, dtype=np.int64)
+    held = 0
+    local = 0
     for p in range(min(PREFETCH_DISTANCE, total)):
         prefetch(holders, kids[p])
     for i in range(samples):
-        scores[:] = 0
-        stamp = stamp0 + i
-        for p in range(offsets[i], offsets[i + 1]):
-            if p + PREFETCH_DISTANCE < total:
-                prefetch(holders, kids[p + PREFETCH_DISTANCE])
-            k = kids[p]
-            if seen[k] == stamp:
-                continue
-            seen[k] = stamp
-            mask = holders[k]
-            while mask:
-                low = mask & (~mask + np.uint64(1))
-                scores[bit_index(low)] += 1
-                mask ^= low
+        _score(offsets, kids, holders, seen, stamp0 + i, i, scores)
         best = -1
         best_score = -1
+        top = 0
         for w in range(num_workers):
+            top = max(top, scores[w])
             if room[w] > 0 and scores[w] > best_score:
                 best = w
                 best_score = scores[w]
         assign[i] = best
         room[best] -= 1
-    return assign
+        if top > 0:
+            held += 1
+            if best_score == top:
+                local += 1
+    return assign, held, local
+
+
+@numba.njit(cache=True, nogil=True)
+def assignment_locality(offsets, kids, holders, seen, stamp0, assign, num_workers):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """How local an assignment is, on the valid copies at the start of the batch:
+    ``held`` = samples some worker holds at least one key of validly, ``local`` = those
+    assigned to a worker that holds the most of their keys (ignoring room)."""
+    total = kids.shape[0]
+    scores = np.zeros(num_workers, dtype=np.int64)
+    held = 0
+    local = 0
+    for p in range(min(PREFETCH_DISTANCE, total)):
+        prefetch(holders, kids[p])
+    for i in range(offsets.shape[0] - 1):
+        _score(offsets, kids, holders, seen, stamp0 + i, i, scores)
+        top = scores.max()
+        if top > 0:
+            held += 1
+            if scores[assign[i]] == top:
+                local += 1
+    return held, local
 
 
 # ----- stage 2: mini-batches --------------------------------------------------

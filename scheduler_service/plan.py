@@ -55,6 +55,8 @@ class TrafficCounts:
     ``pushes`` counts gradient pushes plus write-backs (eviction write-backs
     included); ``final_flush`` counts the write-backs of rows still dirty
     when training ends, kept apart as the Herald paper's Table 1 does.
+    ``held_samples`` / ``local_samples``: assignment locality (see
+    :class:`scheduler_service.scheduler.Assignment`).
     """
 
     pulls: int = 0
@@ -65,6 +67,8 @@ class TrafficCounts:
     evictions: int = 0
     hits: int = 0
     iterations: int = 0
+    held_samples: int = 0
+    local_samples: int = 0
 
     def add_plan(self, plan: CommPlan) -> None:
         self.pulls += int(plan.pull.shape[0])

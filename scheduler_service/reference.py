@@ -59,21 +59,24 @@ class ReferenceScheduler:
     # ----- Algorithm 1 -----------------------------------------------------
     def assign(self, batch: Batch) -> list[int]:
         n, m = self.num_workers, batch.samples_per_worker
-        if self.partition == "sequential":
-            return [i // m for i in range(batch.samples)]
         room = [m] * n
         assignment = []
         for i in range(batch.samples):
             keys = set(batch.sample_keys(i).tolist())
-            best, best_score = -1, -1
-            for w in range(n):
-                if room[w] == 0:
-                    continue
-                score = sum(1 for k in keys if self.valid(w, k))
-                if score > best_score:
-                    best, best_score = w, score
+            scores = [sum(1 for k in keys if self.valid(w, k)) for w in range(n)]
+            if self.partition == "sequential":
+                best = i // m
+            else:
+                best, best_score = -1, -1
+                for w in range(n):
+                    if room[w] > 0 and scores[w] > best_score:
+                        best, best_score = w, scores[w]
             assignment.append(best)
             room[best] -= 1
+            # Locality: the sample went to a worker holding the most of its keys.
+            if max(scores) > 0:
+                self.counts.held_samples += 1
+                self.counts.local_samples += scores[best] == max(scores)
         return assignment
 
     # ----- one batch -------------------------------------------------------

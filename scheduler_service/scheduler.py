@@ -14,6 +14,7 @@ sequential + on-demand, ``location_aware`` = location-aware + naive,
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -37,36 +38,52 @@ def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None)
 
 
 # ----- stages ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Assignment:
+    """A partitioner's answer, and how local it is (the quantity Algorithm 1 maximises).
+
+    ``held``: samples at least one of whose keys some worker holds validly at the start
+    of the batch; ``local``: those assigned to a worker that holds the most of their keys.
+    """
+
+    workers: npt.NDArray[np.int64]  # worker of every sample
+    held: int
+    local: int
+
+
 class Partitioner(abc.ABC):
-    """Decides which worker trains each sample of a batch."""
+    """Decides which worker trains each sample of a batch (scoring sample i, if it
+    does, with the mirror's ``seen`` stamp ``mirror.samples_seen + i``)."""
 
     @abc.abstractmethod
-    def assign(
-        self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror
-    ) -> npt.NDArray[np.int64]:
+    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
         """Worker of every sample; each worker gets exactly ``samples_per_worker``."""
 
 
 class SequentialPartitioner(Partitioner):
-    """Sample i goes to worker i // m (a plain data loader)."""
+    """Sample i goes to worker i // m (a plain data loader).
 
-    def assign(
-        self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror
-    ) -> npt.NDArray[np.int64]:
-        return np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
+    Its locality costs one scoring pass over the batch (Algorithm 1's, without choosing).
+    """
+
+    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
+        workers = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
+        held, local = kernels.assignment_locality(
+            batch.offsets, kids, mirror.holders, mirror.seen, mirror.samples_seen, workers,
+            batch.num_workers,
+        )  # fmt: skip
+        return Assignment(workers, int(held), int(local))
 
 
 class LocationAwarePartitioner(Partitioner):
     """Herald Algorithm 1, scored on the mirror's valid copies at the start of the batch."""
 
-    def assign(
-        self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror
-    ) -> npt.NDArray[np.int64]:
-        assign: npt.NDArray[np.int64] = kernels.location_aware_assign(
+    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
+        workers, held, local = kernels.location_aware_assign(
             batch.offsets, kids, mirror.holders, mirror.seen, mirror.samples_seen,
             batch.num_workers, batch.samples_per_worker,
         )  # fmt: skip
-        return assign
+        return Assignment(workers, int(held), int(local))
 
 
 class SyncPlanner(abc.ABC):
@@ -126,7 +143,8 @@ class Scheduler:
         kids = mirror.kids(batch.keys)
         # The stamps only tell scratch entries of this batch from older ones, so
         # they advance even when the batch is then rejected.
-        assign = self.partitioner.assign(batch, kids, mirror)
+        assignment = self.partitioner.assign(batch, kids, mirror)
+        assign = assignment.workers
         mirror.samples_seen += batch.samples
         batch_keys, wl_offsets, wl_kids = kernels.worker_lists(
             batch.offsets, kids, assign, n, mirror.stamp, mirror.trainers, mirror.batches_seen
@@ -153,6 +171,8 @@ class Scheduler:
             dirty_evicted, self.planner.on_demand,
         )  # fmt: skip
         self.counts.hits += int(hits)
+        self.counts.held_samples += assignment.held
+        self.counts.local_samples += assignment.local
 
         samples_order = np.argsort(assign, kind="stable")
         m = batch.samples_per_worker

@@ -11,8 +11,10 @@ from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier
 from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.plan import TrafficCounts
 from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
 from scheduler_service.servicer import SchedulerServicer
+from scheduler_service.shadow import NaiveShadow
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,10 @@ class SchedulerConfig:
     threads: int = 32
     grace_seconds: float = 10.0
     port_file: str | None = None
+    # Plan every batch a second time in mode naive to export naive's row counts (Herald
+    # Table 1's baseline, live); costs planning time and mirror memory again. Not needed
+    # (and not run) in mode naive, whose own counts are the baseline.
+    shadow_naive: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in SERVICE_MODES:
@@ -54,8 +60,16 @@ class SchedulerServer(GrpcProcess):
         scheduler = make_scheduler(config.workers, config.cache_rows, config.mode)
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
         self.metrics = SchedulerMetrics(config.mode)
+        self.shadow = (
+            NaiveShadow(config.workers, config.cache_rows)
+            if config.shadow_naive and config.mode != "naive"
+            else None
+        )
+        self.metrics.watch_counts(lambda: scheduler.counts, self._naive_counts)
         self.stopping = threading.Event()
-        self.servicer = SchedulerServicer(self.barrier, self.metrics, config.table, self.stopping)
+        self.servicer = SchedulerServicer(
+            self.barrier, self.metrics, config.table, self.stopping, self.shadow
+        )
         super().__init__(
             name="scheduler",
             host=config.host,
@@ -69,6 +83,14 @@ class SchedulerServer(GrpcProcess):
             grace_seconds=config.grace_seconds,
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
+
+    def _naive_counts(self) -> TrafficCounts | None:
+        """Naive's counts on the batches so far: the scheduler's own in mode naive."""
+        if self.config.mode == "naive":
+            return self.barrier.scheduler.counts
+        if self.shadow is None or self.shadow.failed is not None:
+            return None
+        return self.shadow.counts
 
     def _commit(self, iteration: int) -> None:
         """Every worker reported ``iteration``: commit it on every PS shard."""

@@ -17,6 +17,7 @@ from scheduler_service.barrier import Barrier
 from scheduler_service.batch import Batch
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.plan import CommPlan
+from scheduler_service.shadow import NaiveShadow
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,18 @@ def plan_from_proto(msg: scheduler_pb2.CommPlan) -> CommPlan:
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(
-        self, barrier: Barrier, metrics: SchedulerMetrics, table: str, stopping: threading.Event
+        self,
+        barrier: Barrier,
+        metrics: SchedulerMetrics,
+        table: str,
+        stopping: threading.Event,
+        shadow: NaiveShadow | None = None,
     ) -> None:
         self.barrier = barrier
         self.metrics = metrics
         self.table = table
         self.stopping = stopping
+        self.shadow = shadow
         self.reported = scheduler_pb2.TrafficCounters()  # every report so far, summed
         self._reported_lock = threading.Lock()
 
@@ -83,6 +90,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.RegisterWorkerResponse:
         self.barrier.register(request.worker_id)
+        self.metrics.registered.set(len(self.barrier.registered))
+        self.metrics.start_worker(request.worker_id)
         log.info("worker %d registered", request.worker_id)
         s = self.barrier.scheduler
         return scheduler_pb2.RegisterWorkerResponse(
@@ -107,6 +116,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         released = self.barrier.submit(batch)
         self.metrics.plan_seconds.labels(self.metrics.mode).observe(time.perf_counter() - started)
         self._observe(released)
+        if self.shadow is not None:  # after the barrier accepted it: same batches, in order
+            self.shadow.submit(batch)
         return scheduler_pb2.SubmitBatchResponse(
             released_iteration=released[0].iteration if released else -1
         )
@@ -116,7 +127,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.FinishRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.FinishResponse:
         self._observe(self.barrier.finish())
+        if self.shadow is not None:
+            self.shadow.finish()
         self.metrics.final_flush.set(self.barrier.final_flush)
+        self.metrics.finished.set(1)
         return scheduler_pb2.FinishResponse(final_flush=self.barrier.final_flush)
 
     @stream_handler
@@ -161,6 +175,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         m.reported_rows.labels(m.mode, worker, "final_flush").inc(c.final_flush_rows)
         m.reported_rows.labels(m.mode, worker, "version_check").inc(c.version_checks)
         if committed:
+            m.commits.inc()
+            m.last_commit.set_to_current_time()
             m.committed.set(request.iteration)
             m.backlog.set(self.barrier.backlog)
         return scheduler_pb2.ReportDoneResponse(committed=committed)

@@ -113,8 +113,18 @@ def scheduler_process(
 
 
 def worker_process(
-    worker: int, job: Path, scheduler: str, ps: list[str], workdir: Path
+    worker: int,
+    job: Path,
+    scheduler: str,
+    ps: list[str],
+    workdir: Path,
+    metrics_port: int | None = None,
 ) -> ManagedProcess:
+    """A worker; with ``metrics_port`` it serves its Prometheus /metrics there."""
     args = ["worker", "--job", str(job), "--worker-id", str(worker), "--scheduler", scheduler,
             "--ps", ",".join(ps), "--report", str(workdir / f"worker-{worker}.json")]  # fmt: skip
-    return ManagedProcess(f"worker-{worker}", args, workdir, port_file=False)
+    if metrics_port is not None:
+        args += ["--metrics-port", str(metrics_port)]
+    process = ManagedProcess(f"worker-{worker}", args, workdir, port_file=False)
+    process.metrics_port = metrics_port or 0
+    return process

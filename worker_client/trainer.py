@@ -47,7 +47,12 @@ class PlanMismatch(FailedPrecondition):
 
 @dataclass
 class Traffic:
-    """Embedding rows one worker moved, counted from its own RPCs (the counting model)."""
+    """Embedding rows one worker moved, counted from its own RPCs (the counting model).
+
+    HET only: ``stale`` = cached rows whose CheckValid failed (refetched, part of
+    ``pulls``); ``bound_releases`` = rows that reached the staleness bound, so their
+    gradients were pushed (part of ``grad_pushes``) and the row released.
+    """
 
     pulls: int = 0
     grad_pushes: int = 0
@@ -55,6 +60,8 @@ class Traffic:
     final_flush: int = 0
     version_checks: int = 0
     hits: int = 0
+    stale: int = 0
+    bound_releases: int = 0
 
     @property
     def pushes(self) -> int:
@@ -272,6 +279,7 @@ class WorkerTrainer:
             clocks = self.ps.versions(EMBEDDING_TABLE, mb.keys[cached])
             traffic.version_checks += clocks.shape[0]
             stale[cached] = clocks > cache.clock[slots[cached]] + s  # CheckValid fails
+            traffic.stale += int(np.count_nonzero(stale))
             # A stale row's own unpushed updates go to the PS before it is refetched.
             self._push_pending(slots[stale], t, traffic)
         missing = ~cached
@@ -301,6 +309,7 @@ class WorkerTrainer:
             cache.dirty[slots] = True
             over = slots[cache.clock[slots] - cache.start[slots] > s]
             self._push_pending(over, t, traffic)
+            traffic.bound_releases += over.shape[0]
             cache.remove(cache.keys[over])
         self.ps.push_dense_gradients(self.dense, self._host(dense_grad), t)
         if final:

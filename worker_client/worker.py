@@ -27,6 +27,8 @@ from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.servicer import plan_from_proto
 from worker_client.device import array_module
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
+from worker_client.local import row_bytes
+from worker_client.metrics import WorkerMetrics
 from worker_client.minibatch import global_batches
 from worker_client.trainer import Traffic, WorkerTrainer
 
@@ -42,6 +44,7 @@ class WorkerConfig:
     report: str | None = None
     timeout_seconds: float = 120.0
     prefetch: str | None = None  # keyset file loaded into the PS caches before training
+    metrics_port: int | None = None  # serve Prometheus /metrics here (0: a free port)
 
 
 def counters(traffic: Traffic) -> scheduler_pb2.TrafficCounters:
@@ -66,11 +69,15 @@ def run_worker(config: WorkerConfig) -> int:
     ps = PSClient(list(config.ps), timeout=config.timeout_seconds)
     history: list[dict[str, object]] = []
     w = config.worker_id
+    metrics = WorkerMetrics()
+    if config.metrics_port is not None:
+        log.info("worker %d: metrics on port %d", w, metrics.serve(config.metrics_port))
     try:
         reply = scheduler.RegisterWorker(
             scheduler_pb2.RegisterWorkerRequest(worker_id=w), timeout=config.timeout_seconds
         )
         trainer = WorkerTrainer(job, dataset, w, ps, int(reply.cache_rows), xp)
+        metrics.bind(w, reply.mode, job.staleness, int(reply.cache_rows), row_bytes(job))
         if config.prefetch:
             cached = ps.prefetch_keyset(EMBEDDING_TABLE, config.prefetch)
             log.info("worker %d: prefetched %d rows of %s", w, cached, config.prefetch)
@@ -100,12 +107,15 @@ def run_worker(config: WorkerConfig) -> int:
                 ),
                 timeout=config.timeout_seconds,
             )
+            seconds = time.perf_counter() - started
+            samples = int(plan.samples.shape[0])
+            metrics.observe(plan.iteration, traffic, loss, samples, seconds, trainer.cache)
             history.append(
                 {
                     "iteration": plan.iteration,
                     "loss_sum": loss,
-                    "samples": int(plan.samples.shape[0]),
-                    "seconds": time.perf_counter() - started,
+                    "samples": samples,
+                    "seconds": seconds,
                     **traffic.as_dict(),
                 }
             )

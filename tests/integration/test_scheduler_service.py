@@ -128,6 +128,24 @@ def test_plans_flow_commit_on_the_ps_and_match_the_core(
         in text
     )
     assert f"heraldps_scheduler_committed_iteration {last}.0" in text
+    # Naive's traffic on the same batches (the shadow), locality, progress gauges.
+    naive = Scheduler(WORKERS, CAPACITY, "naive")
+    for batch in batches:
+        naive.submit(batch)
+    naive.finish()
+    sample = server.metrics.registry.get_sample_value
+    for kind, rows in (("pull", naive.counts.pulls), ("grad_push", naive.counts.grad_pushes),
+                       ("write_back", naive.counts.write_backs)):  # fmt: skip
+        labels = {"mode": "herald", "kind": kind}
+        assert sample("heraldps_scheduler_naive_rows_total", labels) == rows
+    held = sample("heraldps_scheduler_held_samples_total", {"mode": "herald"})
+    assert held == core.counts.held_samples > 0
+    local = sample("heraldps_scheduler_local_samples_total", {"mode": "herald"})
+    assert local == core.counts.local_samples
+    assert sample("heraldps_scheduler_commits_total") == len(batches)
+    assert sample("heraldps_scheduler_registered_workers") == WORKERS
+    assert sample("heraldps_scheduler_finished") == 1
+    assert sample("heraldps_scheduler_last_commit_timestamp_seconds") > time.time() - 60
     assert "heraldps_scheduler_plan_seconds_bucket" in text
 
 

@@ -1,0 +1,119 @@
+"""The PromQL in deploy/: every query of the Grafana dashboard and of the Prometheus rules."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+PROMETHEUS_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
+RULES = PROMETHEUS_DIR / "rules.yml"
+RULES_TEST = PROMETHEUS_DIR / "tests" / "rules_test.yml"
+GRAFANA_DIR = ROOT / "deploy" / "grafana"
+DASHBOARD = GRAFANA_DIR / "dashboards" / "heraldps.json"
+DATASOURCES = GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml"
+DASHBOARD_PROVIDERS = GRAFANA_DIR / "provisioning" / "dashboards" / "heraldps.yml"
+
+# Grafana's built-in variables, as concrete values for Prometheus' HTTP API. The test
+# scrapes every second, so one minute always spans enough samples for rate().
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m"}
+
+
+@dataclass(frozen=True)
+class Expression:
+    where: str  # e.g. "dashboard panel 'Samples/s' A" or "rule HeraldPSShardDown"
+    promql: str
+    alert: bool = False
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def dashboard_expressions() -> list[Expression]:
+    """Every target of every panel, Grafana variables replaced by concrete values."""
+    out = []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for name, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(name, value)
+            if "$" in expr:
+                raise AssertionError(f"panel {panel['title']!r}: unknown variable in {expr!r}")
+            out.append(Expression(f"dashboard panel {panel['title']!r} {target['refId']}", expr))
+    return out
+
+
+def rule_expressions() -> list[Expression]:
+    out = []
+    for group in load_yaml(RULES)["groups"]:
+        for rule in group["rules"]:
+            name = rule.get("record") or rule["alert"]
+            out.append(Expression(f"rule {name}", rule["expr"].strip(), "alert" in rule))
+    return out
+
+
+_COMPARISON = re.compile(r"(==|!=|>=|<=|>|<)(?!\s*bool\b)")
+
+
+def comparisons_as_bool(promql: str) -> str:
+    """``a > 0.9`` -> ``a > bool 0.9``: every series the comparison looks at, valued 0 or 1.
+
+    An alert's expression returns nothing while all is well; with ``bool`` it returns
+    one series per compared series, which shows that the metrics and labels it names
+    exist. Label matchers (inside ``{}``) and strings are left alone.
+    """
+    out, depth, quote, i = [], 0, "", 0
+    while i < len(promql):
+        c = promql[i]
+        if quote:
+            out.append(c)
+            if c == "\\":
+                out.append(promql[i + 1])
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'`":
+            quote = c
+            out.append(c)
+        elif c == "{":
+            depth += 1
+            out.append(c)
+        elif c == "}":
+            depth -= 1
+            out.append(c)
+        elif depth == 0 and (m := _COMPARISON.match(promql, i)):
+            i += len(m.group(1))
+            out.append(m.group(1) + (" bool" if promql[i : i + 1].isspace() else " bool "))
+            continue
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def runbook_anchors() -> dict[str, str]:
+    """Alert name -> the anchor its ``runbook`` annotation points at."""
+    out = {}
+    for group in load_yaml(RULES)["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                out[rule["alert"]] = rule["annotations"]["runbook"]
+    return out
+
+
+def markdown_anchors(text: str) -> set[str]:
+    """GitHub's anchors of the headings of a Markdown text."""
+    anchors = set()
+    for line in text.splitlines():
+        if m := re.match(r"#{1,6}\s+(.*)", line):
+            title = m.group(1).strip().lower()
+            title = re.sub(r"[^\w\- ]", "", title)
+            anchors.add(title.replace(" ", "-"))
+    return anchors
