@@ -196,3 +196,29 @@ def test_bad_requests(scheduler: tuple[SchedulerServer, grpc.Channel]) -> None:
         code_of(stub.ReportDone, scheduler_pb2.ReportDoneRequest(worker_id=-1))[0]
         == grpc.StatusCode.INVALID_ARGUMENT
     )
+
+
+def test_no_shadow_naive_plans_once_and_exports_no_naive_series(cluster: ClusterFactory) -> None:
+    from heraldps.cli import build_parser
+
+    args = build_parser().parse_args(["scheduler", "--workers", "3", "--cache-rows", "40",
+                                      "--no-shadow-naive"])  # fmt: skip
+    assert args.no_shadow_naive
+    _, ps = cluster(1)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    server = SchedulerServer(
+        SchedulerConfig(workers=WORKERS, cache_rows=CAPACITY, mode="herald",
+                        ps=tuple(ps.addresses), host="127.0.0.1", port=0, metrics_port=0,
+                        grace_seconds=1, shadow_naive=False)
+    )  # fmt: skip
+    server.start()
+    try:
+        assert server.shadow is None
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            submit(scheduler_pb2_grpc.SchedulerStub(channel), make_batches(1)[0])
+        sample = server.metrics.registry.get_sample_value
+        labels = {"mode": "herald", "kind": "pull"}
+        assert sample("heraldps_scheduler_planned_rows_total", labels) is not None
+        assert sample("heraldps_scheduler_naive_rows_total", labels) is None
+    finally:
+        server.stop(grace=0)
