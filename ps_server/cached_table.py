@@ -89,7 +89,7 @@ class CachedTable:
         """Rows on disk plus rows created by a pull and still only cached."""
         with self.env.begin() as txn:
             on_disk = self.disk.count(txn)
-        return on_disk + int(np.count_nonzero(self.cache.occupied & ~self.cache.on_disk))
+        return on_disk + self.cache.fresh_rows
 
     @property
     def nbytes(self) -> int:

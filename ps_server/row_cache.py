@@ -44,7 +44,10 @@ class RowCache:
         self.versions = np.zeros(self.capacity, dtype=np.int64)
         self.changed = np.zeros(self.capacity, dtype=np.int64)
         self.keys = np.zeros(self.capacity, dtype=np.int64)
-        self.on_disk = np.zeros(self.capacity, dtype=bool)
+        # False only for occupied slots whose row exists nowhere but here (created by a pull);
+        # free slots hold True, so ``fresh_rows`` can be kept as a running count.
+        self.on_disk = np.ones(self.capacity, dtype=bool)
+        self.fresh_rows = 0
         self.last_use = np.zeros(self.capacity, dtype=np.int64)
         self.occupied = np.zeros(self.capacity, dtype=bool)
         self._slots = SlotMap(self.capacity)
@@ -117,6 +120,8 @@ class RowCache:
 
     def _release(self, slots: npt.NDArray[np.int64]) -> None:
         self._slots.remove(self.keys[slots])
+        self.fresh_rows -= int(np.count_nonzero(~self.on_disk[slots]))
+        self.on_disk[slots] = True
         self.occupied[slots] = False
         self._free[self._free_top : self._free_top + slots.shape[0]] = slots
         self._free_top += slots.shape[0]
@@ -139,7 +144,9 @@ class RowCache:
         self.state[s] = state[use]
         self.versions[s] = versions[use]
         self.changed[s] = changed[use]
-        self.on_disk[s] = on_disk[use] if isinstance(on_disk, np.ndarray) else on_disk
+        now = on_disk[use] if isinstance(on_disk, np.ndarray) else np.full(s.shape[0], on_disk)
+        self.fresh_rows += int(np.count_nonzero(~now)) - int(np.count_nonzero(~self.on_disk[s]))
+        self.on_disk[s] = now
 
     def clear(self) -> None:
         occupied = np.flatnonzero(self.occupied)
