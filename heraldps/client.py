@@ -152,8 +152,12 @@ class PSClient:
     # ----- transport --------------------------------------------------------
     def committed_iteration(self) -> int:
         """The oldest last-committed iteration over the shards (-1 before any commit)."""
+        return min(self.shard_committed_iterations())
+
+    def shard_committed_iterations(self) -> list[int]:
+        """Each shard's last committed iteration, in shard order (-1 before any commit)."""
         infos = self._all_shards("GetShardInfo", ps_pb2.GetShardInfoRequest())
-        return min(int(info.committed_iteration) for info in infos)
+        return [int(info.committed_iteration) for info in infos]
 
     def _call(self, shard: int, method: str, request: Any, idempotent: bool) -> Callable[[], Any]:
         """Start one RPC now; the returned function waits for it (retrying if allowed)."""

@@ -28,7 +28,7 @@ from heraldps.datasets import SparseDataset
 from heraldps.errors import HeraldError
 from heraldps.healthcheck import wait_serving
 from heraldps.serving import channel_options
-from heraldps.v1 import ps_pb2, ps_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches
 from worker_client.trainer import create_tables, model_for
@@ -135,8 +135,9 @@ def run_feed(config: FeedConfig) -> None:
     with grpc.insecure_channel(config.scheduler, options=options) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=timeout)
-        _check_cluster(job, len(batches), status, _shards_committed(config.ps, timeout))
         with PSClient(list(config.ps), timeout=timeout) as ps:
+            committed = dict(zip(config.ps, ps.shard_committed_iterations(), strict=True))
+            _check_cluster(job, len(batches), status, committed)
             _create_tables(ps, job, dataset)
         start = int(status.next_batch_iteration)
         if not status.finished:
@@ -145,18 +146,6 @@ def run_feed(config: FeedConfig) -> None:
         metrics.submitted.set(len(batches))
         _wait_committed(stub, len(batches) - 1, timeout, metrics)
     log.info("all %d iterations committed", len(batches))
-
-
-def _shards_committed(addresses: tuple[str, ...], timeout: float) -> dict[str, int]:
-    """Each shard's last committed iteration (-1 before any commit)."""
-    committed = {}
-    for address in addresses:
-        with grpc.insecure_channel(address) as channel:
-            info = ps_pb2_grpc.ParameterServerStub(channel).GetShardInfo(
-                ps_pb2.GetShardInfoRequest(), timeout=timeout
-            )
-            committed[address] = int(info.committed_iteration)
-    return committed
 
 
 def _check_cluster(
