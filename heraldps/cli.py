@@ -18,6 +18,11 @@ from heraldps.env_parser import EnvArgumentParser, mention_env
 from heraldps.runtime import tune_malloc
 
 
+def _addresses(text: str) -> tuple[str, ...]:
+    """``--ps A,B,...`` as a tuple of addresses, in shard order (empty entries dropped)."""
+    return tuple(a for a in text.split(",") if a)
+
+
 def _add_ps_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "ps",
@@ -161,7 +166,7 @@ def _run_scheduler(args: argparse.Namespace) -> int:
     try:
         config = SchedulerConfig(
             workers=args.workers, cache_rows=args.cache_rows, mode=args.mode, table=args.table,
-            ps=tuple(a for a in args.ps.split(",") if a), host=args.host, port=args.port,
+            ps=_addresses(args.ps), host=args.host, port=args.port,
             metrics_port=args.metrics_port, max_backlog=args.max_backlog,
             max_message_mb=args.max_message_mb, threads=args.threads,
             grace_seconds=args.grace_seconds, port_file=args.port_file,
@@ -251,7 +256,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 
     config = WorkerConfig(
         job=args.job, worker_id=args.worker_id, scheduler=args.scheduler,
-        ps=tuple(a for a in args.ps.split(",") if a), report=args.report,
+        ps=_addresses(args.ps), report=args.report,
         timeout_seconds=args.timeout_seconds, prefetch=args.prefetch,
         metrics_port=args.metrics_port,
     )  # fmt: skip
@@ -398,7 +403,7 @@ def _run_feed(args: argparse.Namespace) -> int:
     from worker_client.feed import FeedConfig, run_feed
 
     config = FeedConfig(
-        job=args.job, scheduler=args.scheduler, ps=tuple(a for a in args.ps.split(",") if a),
+        job=args.job, scheduler=args.scheduler, ps=_addresses(args.ps),
         timeout_seconds=args.timeout_seconds, metrics_port=args.metrics_port,
     )  # fmt: skip
     try:
