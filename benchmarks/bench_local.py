@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from heraldps.bundled import bundled_data
 from worker_client.job import TrainingJob
-from worker_client.local import ModeResult, bundled_data, cache_rows_for, run_local
+from worker_client.local import ModeResult, cache_rows_for, run_local
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 OUTPUT = Path(__file__).resolve().parent / "results" / "bench_local.json"

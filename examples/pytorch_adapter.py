@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset, read_dataset
 from heraldps.init import Normal
 from heraldps.optim import SGD
-from worker_client.local import bundled_data
 
 
 class PSEmbedding(nn.Module):

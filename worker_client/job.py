@@ -73,6 +73,16 @@ class TrainingJob:
         # near lr * noise / eps.
         return Adam(lr=lr, eps=1e-6)
 
+    def row_bytes(self) -> dict[str, int]:
+        """Payload bytes of one embedding row per direction: keys and versions 8, floats 4."""
+        dim = self.embedding_dim
+        state = self.make_optimizer().state_width(dim)
+        return {
+            "pull": 8 + 8 + 4 * (dim + state),
+            "grad_push": 8 + 4 * dim,
+            "write_back": 8 + 8 + 8 + 4 * (dim + state),
+        }
+
     def make_initializer(self) -> Normal:
         return Normal(std=0.01, seed=self.seed)
 

@@ -24,7 +24,6 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.bundled import bundled_data as bundled_data  # re-exported for callers
 from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset
 from heraldps.serving import channel_options
@@ -91,17 +90,6 @@ class ModeResult:
 def cache_rows_for(dataset: SparseDataset, cache_fraction: float) -> int:
     """floor(fraction x distinct keys of the training file), as ``heraldps simulate``."""
     return max(1, math.floor(cache_fraction * dataset.distinct_keys()))
-
-
-def row_bytes(job: TrainingJob) -> dict[str, int]:
-    """Payload bytes per row and direction: keys and versions 8, floats 4."""
-    dim = job.embedding_dim
-    state = job.make_optimizer().state_width(dim)
-    return {
-        "pull": 8 + 8 + 4 * (dim + state),
-        "grad_push": 8 + 4 * dim,
-        "write_back": 8 + 8 + 8 + 4 * (dim + state),
-    }
 
 
 def _ps_counts(shards: list[ManagedProcess]) -> dict[str, int]:
@@ -237,7 +225,7 @@ def run_mode(
             per_iteration=per_iteration,
             auc=auc_value,
             logloss=logloss_value,
-            row_bytes=row_bytes(job),
+            row_bytes=job.row_bytes(),
             model=kept,
         )
     finally:

@@ -9,10 +9,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from heraldps.bundled import bundled_data
 from heraldps.datasets import SparseDataset
 from heraldps.errors import InvalidArgument
 from worker_client.job import TrainingJob
-from worker_client.local import ALL_MODES, bundled_data, cache_rows_for, run_local
+from worker_client.local import ALL_MODES, cache_rows_for, run_local
 from worker_client.report import summary_table, write_json, write_plot
 
 

@@ -27,7 +27,6 @@ from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.servicer import plan_from_proto
 from worker_client.device import array_module
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
-from worker_client.local import row_bytes
 from worker_client.metrics import WorkerMetrics
 from worker_client.minibatch import global_batches
 from worker_client.trainer import Traffic, WorkerTrainer
@@ -77,7 +76,7 @@ def run_worker(config: WorkerConfig) -> int:
             scheduler_pb2.RegisterWorkerRequest(worker_id=w), timeout=config.timeout_seconds
         )
         trainer = WorkerTrainer(job, dataset, w, ps, int(reply.cache_rows), xp)
-        metrics.bind(w, reply.mode, job.staleness, int(reply.cache_rows), row_bytes(job))
+        metrics.bind(w, reply.mode, job.staleness, int(reply.cache_rows), job.row_bytes())
         if config.prefetch:
             cached = ps.prefetch_keyset(EMBEDDING_TABLE, config.prefetch)
             log.info("worker %d: prefetched %d rows of %s", w, cached, config.prefetch)

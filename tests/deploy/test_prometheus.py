@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from heraldps import wire
+from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -50,7 +51,7 @@ from worker_client.cluster import (
     worker_process,
 )
 from worker_client.job import TrainingJob
-from worker_client.local import bundled_data, cache_rows_for
+from worker_client.local import cache_rows_for
 from worker_client.minibatch import global_batches
 from worker_client.trainer import create_tables, model_for
 

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from heraldps.bundled import bundled_data
 from heraldps.datasets import read_dataset
 from heraldps.init import Normal
 from heraldps.optim import SGD
 from tests.conftest import ClusterFactory
-from worker_client.local import bundled_data
 
 if os.environ.get("HERALDPS_REQUIRE_TOOLS") == "1":
     import torch  # CI installs the torch extra: a missing torch fails here

@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from heraldps.bundled import bundled_data
 from scheduler_service.simulate import SimulationConfig, simulate
 from worker_client.cluster import ClusterError
 from worker_client.job import TrainingJob
-from worker_client.local import ALL_MODES, HERALD_MODES, bundled_data, cache_rows_for, run_mode
+from worker_client.local import ALL_MODES, HERALD_MODES, cache_rows_for, run_mode
 from worker_client.reference import ReferenceTrainer
 from worker_client.report import ps_agrees
 

@@ -12,6 +12,7 @@ import lmdb
 import numpy as np
 import pytest
 
+from heraldps.bundled import bundled_data
 from heraldps.client import PSClient, read_keyset
 from heraldps.datasets import read_dataset
 from heraldps.errors import FailedPrecondition
@@ -21,7 +22,6 @@ from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachePolicy
 from ps_server.server import PSConfig, PSServer
 from tests.conftest import ClusterFactory
-from worker_client.local import bundled_data
 
 TRAIN, _ = bundled_data()
 

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from heraldps.bundled import bundled_data
 from tests.conftest import ClusterFactory
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
-from worker_client.local import bundled_data, row_bytes
 from worker_client.metrics import WorkerMetrics
 from worker_client.minibatch import global_batches, select
 from worker_client.trainer import Traffic, WorkerTrainer, create_tables
@@ -33,7 +33,7 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
     create_tables(ps, job, trainers[0].model)
     metrics = [WorkerMetrics() for _ in range(WORKERS)]
     for w, m in enumerate(metrics):
-        m.bind(w, "het", job.staleness, job.cache_rows, row_bytes(job))
+        m.bind(w, "het", job.staleness, job.cache_rows, job.row_bytes())
     totals = [Traffic() for _ in range(WORKERS)]
     losses = [0.0] * WORKERS
     m_per = job.batch_size_per_worker
@@ -67,7 +67,7 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
                            ("write_back", total.write_backs), ("final_flush", total.final_flush),
                            ("version_check", total.version_checks)):  # fmt: skip
             assert value("heraldps_worker_rows_total", {"kind": kind}) == rows
-        sizes = row_bytes(job)
+        sizes = job.row_bytes()
         assert value("heraldps_worker_bytes_total", {"kind": "pull"}) == total.pulls * sizes["pull"]
         assert value("heraldps_worker_bytes_total", {"kind": "final_flush"}) == (
             total.final_flush * sizes["grad_push"]  # HET flushes gradients
@@ -90,7 +90,7 @@ def test_herald_modes_report_staleness_bound_zero() -> None:
     """Herald modes train synchronously whatever the job's staleness says."""
     job = replace(TrainingJob(data=str(TRAIN)), staleness=3)
     m = WorkerMetrics()
-    m.bind(0, "herald", job.staleness, 10, row_bytes(job))
+    m.bind(0, "herald", job.staleness, 10, job.row_bytes())
     labels = {"worker": "0", "mode": "herald"}
     assert m.registry.get_sample_value("heraldps_worker_staleness_bound", labels) == 0
     pulls = m.registry.get_sample_value("heraldps_worker_rows_total", {**labels, "kind": "pull"})

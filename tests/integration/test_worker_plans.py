@@ -7,12 +7,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from heraldps.bundled import bundled_data
 from scheduler_service.batch import Batch
 from scheduler_service.plan import CommPlan
 from scheduler_service.scheduler import Scheduler
 from tests.conftest import ClusterFactory
 from worker_client.job import TrainingJob
-from worker_client.local import bundled_data
 from worker_client.minibatch import global_batches
 from worker_client.trainer import PlanMismatch, WorkerTrainer, create_tables
 
