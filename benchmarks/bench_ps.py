@@ -11,7 +11,7 @@ It prints a markdown table and writes every number to
 
 1. Pull of 65,536 distinct existing keys (dim 64, AdaGrad table) through
    ``PSClient`` from one shard started with the real CLI
-   (``python -m heraldps.cli ps``) in its own process: pulls/s, rows/s, MB/s.
+   (``python -m launcher ps``) in its own process: pulls/s, rows/s, MB/s.
 2. Baseline (a), the raw gRPC ceiling: a minimal generic-handler gRPC server
    in its own process answers a 512 KiB request with a prebuilt ``bytes``
    payload the size of our Pull response (65,536 * (64 * 4 + 8) bytes), same
@@ -236,7 +236,7 @@ def ps_shard(workdir: Path) -> Iterator[str]:
     port_file = workdir / "ps.port"
     log_path = workdir / "ps.log"
     command = [
-        sys.executable, "-m", "heraldps.cli", "ps",
+        sys.executable, "-m", "launcher", "ps",
         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
         "--num-shards", "1", "--shard-index", "0",
     ]  # fmt: skip

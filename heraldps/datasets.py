@@ -157,6 +157,31 @@ class SparseDataset:
             fields=None if self.fields is None else self.fields[keys],
         )
 
+    def take(self, rows: npt.NDArray[np.int64]) -> SparseDataset:
+        """The rows ``rows`` (any order, repeats allowed) as a new dataset, vectorized."""
+        if rows.shape[0] and (rows.min() < 0 or rows.max() >= self.rows):
+            raise ValueError(
+                f"row indices must be in 0..{self.rows - 1}, got {int(rows.min())}.."
+                f"{int(rows.max())}"
+            )
+        starts = self.offsets[rows]
+        lengths = self.offsets[rows + 1] - starts
+        offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        # Position of every taken key in ``keys``: its row's start plus its rank in the row.
+        positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(
+            int(offsets[-1]), dtype=np.int64
+        )
+        return SparseDataset(
+            offsets=offsets,
+            keys=self.keys[positions],
+            labels=self.labels[rows],
+            dense=self.dense[rows],
+            sparse_columns=self.sparse_columns,
+            dense_columns=self.dense_columns,
+            fields=None if self.fields is None else self.fields[positions],
+        )
+
     def batches(self, batch_size: int, limit: int | None = None) -> Iterator[SparseDataset]:
         """Consecutive full batches; the partial tail is dropped so every step has equal size."""
         if batch_size < 1:
@@ -445,6 +470,15 @@ _DEFAULTS = {
     "avazu": _Defaults(AVAZU_COLUMNS[2:], "click", (), log_dense=False),
     "csv": _Defaults(None, None, (), log_dense=False),
 }
+
+
+def default_columns(format: str) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """(sparse, dense) column names a format reads when the caller names none (csv: no
+    sparse default, no dense columns)."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}")
+    defaults = _DEFAULTS[format]
+    return defaults.sparse, defaults.dense
 
 
 def read_dataset(

@@ -16,6 +16,20 @@ class InvalidArgument(HeraldError):
     """The request is malformed: wrong sizes, NaN/Inf, a bad spec (INVALID_ARGUMENT)."""
 
 
+class CacheTooSmall(InvalidArgument):
+    """A worker's mini-batch needs more distinct rows than its cache holds (INVALID_ARGUMENT)."""
+
+    def __init__(self, worker: int, iteration: int, needed: int, capacity: int) -> None:
+        super().__init__(
+            f"worker {worker}'s mini-batch of iteration {iteration} needs {needed} rows, more "
+            f"than its cache of {capacity}; raise the cache size or lower the batch size"
+        )
+        self.worker = worker
+        self.iteration = iteration
+        self.needed = needed
+        self.capacity = capacity
+
+
 class UnknownTable(HeraldError):
     """The named table does not exist on this shard (NOT_FOUND)."""
 

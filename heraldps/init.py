@@ -13,24 +13,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument
+from heraldps.jit import njit
 from heraldps.sharding import splitmix64
 from heraldps.v1 import types_pb2
 
 _TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _unit(bits: np.uint64) -> float:  # pragma: no cover - compiled
     """53 random bits -> a float in (0, 1)."""
     return (np.float64(bits >> np.uint64(11)) + 0.5) * _TO_UNIT
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _uniform_rows(
     keys: npt.NDArray[np.int64], dim: int, seed: np.uint64, low: float, high: float
 ) -> npt.NDArray[np.float32]:  # pragma: no cover - compiled
@@ -43,7 +43,7 @@ def _uniform_rows(
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _normal_rows(
     keys: npt.NDArray[np.int64], dim: int, seed: np.uint64, mean: float, std: float
 ) -> npt.NDArray[np.float32]:  # pragma: no cover - compiled

@@ -16,24 +16,24 @@ rebuilt whole (load, eviction compaction).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
 from heraldps import hostmem
+from heraldps.jit import njit
 from heraldps.prefetch import prefetch
 from heraldps.sharding import splitmix64
 
 _MIN_CAPACITY = 1024
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def home(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: no cover
     """The first slot ``key`` probes."""
     return splitmix64(np.uint64(key)) & np.uint64(slots.shape[0] - 1)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def probe_from(
     slots: npt.NDArray[np.int64], key: np.int64, start: np.uint64
 ) -> np.uint64:  # pragma: no cover
@@ -45,7 +45,7 @@ def probe_from(
     return s
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def probe(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: no cover
     """The slot holding ``key``, or the empty slot where it would go."""
     return probe_from(slots, key, home(slots, key))
@@ -56,7 +56,7 @@ def probe(slots: npt.NDArray[np.int64], key: np.int64) -> np.uint64:  # pragma: 
 PREFETCH_DISTANCE = 16
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _resolve(
     slots: npt.NDArray[np.int64],
     keys: npt.NDArray[np.int64],
@@ -87,14 +87,14 @@ def _resolve(
 
 
 # ----- removable entries (worker caches, the scheduler's per-worker positions) ------
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def table_find(table, key):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Slot of ``key`` in ``table``, -1 when absent."""
     s = probe(table, key)
     return np.int64(s) if table[s, 1] >= 0 else np.int64(-1)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def table_put(table, key, value):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Map ``key`` to ``value`` (insert or overwrite)."""
     s = probe(table, key)
@@ -102,7 +102,7 @@ def table_put(table, key, value):  # type: ignore[no-untyped-def]  # pragma: no 
     table[s, 1] = value
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def table_remove(table, slot):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Remove the entry at ``slot``; shift later entries of the probe run back
     (backward-shift deletion: no tombstones, probes stay short)."""
@@ -123,7 +123,7 @@ def table_remove(table, slot):  # type: ignore[no-untyped-def]  # pragma: no cov
             i = j
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def rehash(old, new):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Insert every entry of ``old`` into the (larger, empty) ``new``."""
     for s in range(old.shape[0]):
@@ -131,13 +131,13 @@ def rehash(old, new):  # type: ignore[no-untyped-def]  # pragma: no cover
             table_put(new, old[s, 0], old[s, 1])
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _put_all(table, keys, values):  # type: ignore[no-untyped-def]  # pragma: no cover
     for i in range(keys.shape[0]):
         table_put(table, keys[i], values[i])
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _remove_all(table, keys):  # type: ignore[no-untyped-def]  # pragma: no cover
     removed = 0
     for i in range(keys.shape[0]):

@@ -8,12 +8,13 @@ re-sharding a snapshot cheap.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.jit import njit
 
-@numba.njit(cache=True, nogil=True, inline="always")
+
+@njit(nogil=True, inline="always")
 def splitmix64(x: np.uint64) -> np.uint64:  # pragma: no cover - compiled
     """The SplitMix64 finaliser: a bijective 64-bit mix."""
     z = x + np.uint64(0x9E3779B97F4A7C15)
@@ -22,7 +23,7 @@ def splitmix64(x: np.uint64) -> np.uint64:  # pragma: no cover - compiled
     return z ^ (z >> np.uint64(31))
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _jump_shards(
     keys: npt.NDArray[np.int64], num_shards: int
 ) -> npt.NDArray[np.int32]:  # pragma: no cover

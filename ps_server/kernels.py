@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.jit import njit
 
-@numba.njit(cache=True, nogil=True)
+
+@njit(nogil=True)
 def scatter_add_rows(
     target: npt.NDArray[np.float32], rows: npt.NDArray[np.int64], src: npt.NDArray[np.float32]
 ) -> None:  # pragma: no cover - compiled
@@ -19,7 +20,7 @@ def scatter_add_rows(
             target[r, j] += src[i, j]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def gather_rows(
     src: npt.NDArray[np.float32], rows: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.float32]:  # pragma: no cover - compiled
@@ -33,7 +34,7 @@ def gather_rows(
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def copy_rows(
     dst: npt.NDArray[np.float32],
     dst_rows: npt.NDArray[np.int64],
@@ -52,7 +53,7 @@ def copy_rows(
             dst[d, j] = src[s, j]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def copy_clocks(
     versions: npt.NDArray[np.int64],
     changed: npt.NDArray[np.int64],

@@ -10,9 +10,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from heraldps.datasets import SparseDataset
 from heraldps.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
-from scheduler_service.plan import CommPlan
 from scheduler_service.scheduler import SampleScheduler, Scheduler
 
 
@@ -37,6 +38,7 @@ class Barrier:
         self.finished = False
         self.final_flush = 0
         self._plans: dict[int, list[CommPlan]] = {}
+        self._data: dict[int, SparseDataset] = {}  # samples of batches not yet released
         self._done: dict[int, set[int]] = {}
         self._loss: dict[int, tuple[float, int]] = {}
         self.last_loss = float("nan")
@@ -75,6 +77,8 @@ class Barrier:
                     f"{self.max_backlog}); retry after the workers catch up"
                 )
             released = self.scheduler.submit(batch)
+            if batch.data is not None:
+                self._data[batch.iteration] = batch.data
             if expected is None:  # training may resume at any iteration (e.g. after Load)
                 self.committed = batch.iteration - 1
             self._publish(released)
@@ -95,7 +99,12 @@ class Barrier:
             return released
 
     def _publish(self, released: list[CommPlan]) -> None:
+        """Make plans visible to the watchers, each with its worker's samples if sent."""
         if released:
+            data = self._data.pop(released[0].iteration, None)
+            if data is not None:
+                for plan in released:
+                    plan.mini_batch = data.take(plan.samples)
             self._plans[released[0].iteration] = released
             self._changed.notify_all()
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.datasets import SparseDataset
 from heraldps.errors import InvalidArgument
 
 
@@ -16,13 +17,16 @@ class Batch:
 
     ``iteration`` numbers the batch; the scheduler requires consecutive
     iterations. The batch is split evenly: ``samples_per_worker`` samples
-    for each of the ``num_workers`` workers.
+    for each of the ``num_workers`` workers. ``data``, when the feeder sent whole
+    samples, is the batch itself (its offsets and keys are ``offsets`` and ``keys``);
+    each worker's plan then carries its samples.
     """
 
     iteration: int
     offsets: npt.NDArray[np.int64]
     keys: npt.NDArray[np.int64]
     num_workers: int
+    data: SparseDataset | None = None
 
     def __post_init__(self) -> None:
         offsets, keys = self.offsets, self.keys
@@ -40,6 +44,11 @@ class Batch:
                 f"a batch of {self.samples} samples cannot be split evenly over "
                 f"{self.num_workers} workers; send a multiple of {self.num_workers} samples"
             )
+
+    @classmethod
+    def of_samples(cls, iteration: int, data: SparseDataset, num_workers: int) -> Batch:
+        """A batch of whole samples: planned by their keys, handed out with the plans."""
+        return cls(iteration, data.offsets, data.keys, num_workers, data)
 
     @classmethod
     def from_arrays(

@@ -9,9 +9,9 @@ workers a key's LRU position in a worker lives in a removable slot table
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from heraldps.jit import njit
 from heraldps.keyindex import home, table_find, table_put, table_remove
 from heraldps.prefetch import prefetch
 
@@ -24,14 +24,14 @@ for _i in range(64):
     _BIT_OF[(((1 << _i) * _DEBRUIJN_INT) & (2**64 - 1)) >> 58] = _i
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def bit_index(low: np.uint64) -> int:  # pragma: no cover - compiled
     """Index of the single set bit of ``low``."""
     index: int = _BIT_OF[(low * _DEBRUIJN) >> np.uint64(58)]
     return index
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def popcount(x: np.uint64) -> int:  # pragma: no cover - compiled
     count = 0
     while x:
@@ -41,7 +41,7 @@ def popcount(x: np.uint64) -> int:  # pragma: no cover - compiled
 
 
 # ----- LRU positions: in the key's record (<= 16 workers) or in the table ------------
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _position(positions, table, dense, k, w):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Position of kid ``k`` in worker ``w``'s LRU queue, -1 when not cached."""
     if dense:
@@ -50,7 +50,7 @@ def _position(positions, table, dense, k, w):  # type: ignore[no-untyped-def]  #
     return table[s, 1] if s >= 0 else np.int64(-1)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _set_position(positions, table, dense, k, w, position):  # type: ignore[no-untyped-def]  # pragma: no cover
     if dense:
         positions[k, w] = position
@@ -58,7 +58,7 @@ def _set_position(positions, table, dense, k, w, position):  # type: ignore[no-u
         table_put(table, k * STRIDE + w, position)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _forget_position(positions, table, dense, k, w):  # type: ignore[no-untyped-def]  # pragma: no cover
     if dense:
         positions[k, w] = -1
@@ -66,7 +66,7 @@ def _forget_position(positions, table, dense, k, w):  # type: ignore[no-untyped-
         table_remove(table, table_find(table, k * STRIDE + w))
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def compact_queue(w, queue, head, tail, positions, table, dense):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Drop worker ``w``'s stale queue entries and renumber the live ones from 0."""
     j = 0
@@ -80,7 +80,7 @@ def compact_queue(w, queue, head, tail, positions, table, dense):  # type: ignor
     tail[w] = j
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def record_keys(kids, keys, known, key_of):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Store the key of every kid registered in this batch (``kid >= known``)."""
     for i in range(kids.shape[0]):
@@ -89,7 +89,7 @@ def record_keys(kids, keys, known, key_of):  # type: ignore[no-untyped-def]  # p
 
 
 # ----- stage 1: partition ----------------------------------------------------
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _score(offsets, kids, holders, seen, stamp, i, scores):  # type: ignore[no-untyped-def]  # pragma: no cover
     """``scores[w]`` = distinct keys of sample ``i`` that worker w holds validly."""
     total = kids.shape[0]
@@ -108,7 +108,7 @@ def _score(offsets, kids, holders, seen, stamp, i, scores):  # type: ignore[no-u
             mask ^= low
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def location_aware_assign(offsets, kids, holders, seen, stamp0, num_workers, per_worker):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Herald Algorithm 1: each sample, in input order, goes to the worker with room
     whose cache holds the most of its distinct keys validly (ties: lowest id).
@@ -143,7 +143,7 @@ def location_aware_assign(offsets, kids, holders, seen, stamp0, num_workers, per
     return assign, held, local
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def assignment_locality(offsets, kids, holders, seen, stamp0, assign, num_workers):  # type: ignore[no-untyped-def]  # pragma: no cover
     """How local an assignment is, on the valid copies at the start of the batch:
     ``held`` = samples some worker holds at least one key of validly, ``local`` = those
@@ -165,7 +165,7 @@ def assignment_locality(offsets, kids, holders, seen, stamp0, assign, num_worker
 
 
 # ----- stage 2: mini-batches --------------------------------------------------
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def worker_lists(offsets, kids, assign, num_workers, stamp, trainers, batch_id):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Distinct keys of the batch, and of each worker's mini-batch, in first-occurrence order.
 
@@ -210,7 +210,7 @@ def worker_lists(offsets, kids, assign, num_workers, stamp, trainers, batch_id):
 
 
 # ----- stage 3: cache operations ----------------------------------------------
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     wl_offsets,
     wl_kids,
@@ -318,7 +318,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
 
 
 # ----- stage 4: synchronisation ------------------------------------------------
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def settle(batch_keys, trainers, holders, dirty_owner, key_of, dirty_evicted, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Write-backs owed by the previous iteration, then this iteration's training effects.
 
@@ -370,7 +370,7 @@ def settle(batch_keys, trainers, holders, dirty_owner, key_of, dirty_evicted, on
 
 
 # ----- stage 5: write-back lists -------------------------------------------------
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def group_by_worker(workers, keys, num_workers):  # type: ignore[no-untyped-def]  # pragma: no cover
     """(per-worker offsets, ``keys`` grouped by worker, order kept within a worker)."""
     counts = np.zeros(num_workers + 1, dtype=np.int64)

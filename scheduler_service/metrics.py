@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from scheduler_service.plan import TrafficCounts
+from heraldps.traffic import Traffic
 
 PLANNED_KINDS = ("pull", "grad_push", "write_back")
 REPORTED_KINDS = (*PLANNED_KINDS, "final_flush", "version_check")
@@ -83,7 +83,7 @@ class SchedulerMetrics:
             self.reported_rows.labels(self.mode, str(worker), kind)
 
     def watch_counts(
-        self, counts: Callable[[], TrafficCounts], naive: Callable[[], TrafficCounts | None]
+        self, counts: Callable[[], Traffic], naive: Callable[[], Traffic | None]
     ) -> None:
         """Export assignment locality from ``counts()`` and naive's rows from ``naive()``
         (None: not known), both read at scrape time."""
@@ -96,8 +96,8 @@ class _CountsCollector:
     def __init__(
         self,
         mode: str,
-        counts: Callable[[], TrafficCounts],
-        naive: Callable[[], TrafficCounts | None],
+        counts: Callable[[], Traffic],
+        naive: Callable[[], Traffic | None],
     ) -> None:
         self.mode = mode
         self.counts = counts

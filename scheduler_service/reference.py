@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from heraldps.errors import InvalidArgument
+from heraldps.plan import CommPlan
+from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
-from scheduler_service.plan import CommPlan, TrafficCounts
 
 # Herald Table 1's modes as (partition, sync).
 MODE_PARTS = {
@@ -45,7 +46,7 @@ class ReferenceScheduler:
         self.latest: dict[int, int] = {}  # newest version of a key anywhere
         self.ps_version: dict[int, int] = {}  # version the PS holds
         self.pending: list[CommPlan] = []  # plans of the previous iteration (write-backs open)
-        self.counts = TrafficCounts()
+        self.counts = Traffic()
 
     @classmethod
     def for_mode(cls, num_workers: int, capacity: int, mode: str) -> ReferenceScheduler:

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.errors import FailedPrecondition, InvalidArgument
+from heraldps.errors import CacheTooSmall, FailedPrecondition, InvalidArgument
+from heraldps.modes import ALL_MODES, HET_MODE
+from heraldps.plan import CommPlan
+from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
 from scheduler_service.mirror import CacheMirror
-from scheduler_service.plan import CommPlan, TrafficCounts
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -123,7 +125,7 @@ class Scheduler:
         self.partitioner = partitioner()
         self.planner = planner()
         self.mirror = CacheMirror(num_workers, capacity)
-        self.counts = TrafficCounts()
+        self.counts = Traffic()
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
 
@@ -153,11 +155,7 @@ class Scheduler:
         sizes = np.diff(wl_offsets)
         if sizes.max(initial=0) > mirror.capacity:
             w = int(sizes.argmax())
-            raise InvalidArgument(
-                f"worker {w}'s mini-batch of iteration {batch.iteration} needs {int(sizes[w])} "
-                f"rows, more than its cache of {mirror.capacity}; raise the cache size or "
-                "lower the batch size"
-            )
+            raise CacheTooSmall(w, batch.iteration, int(sizes[w]), mirror.capacity)
         # Validated: from here on the mirror changes.
         mirror.reserve(wl_offsets)
         (ev_offsets, evicted, pl_offsets, pulled, trained, co_start, dirty_evicted,
@@ -241,14 +239,14 @@ class SampleScheduler:
     commits. Same interface as :class:`Scheduler` for the barrier.
     """
 
-    mode = "het"
+    mode = HET_MODE
 
     def __init__(self, num_workers: int, capacity: int) -> None:
         if capacity < 1:
             raise InvalidArgument(f"cache capacity must be >= 1 row, got {capacity}")
         self.num_workers = num_workers
         self.capacity = capacity
-        self.counts = TrafficCounts()
+        self.counts = Traffic()
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
 
@@ -274,9 +272,9 @@ class SampleScheduler:
 
 def make_scheduler(num_workers: int, capacity: int, mode: str) -> Scheduler | SampleScheduler:
     """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``."""
-    if mode == "het":
+    if mode == HET_MODE:
         return SampleScheduler(num_workers, capacity)
     return Scheduler(num_workers, capacity, mode)
 
 
-SERVICE_MODES = (*MODES, "het")
+SERVICE_MODES = ALL_MODES

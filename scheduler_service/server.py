@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass, field
 
 from heraldps.client import PSClient
 from heraldps.serving import GrpcProcess, serve_until_signal
+from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.plan import TrafficCounts
 from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
 from scheduler_service.servicer import SchedulerServicer
 from scheduler_service.shadow import NaiveShadow
@@ -84,7 +84,7 @@ class SchedulerServer(GrpcProcess):
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
 
-    def _naive_counts(self) -> TrafficCounts | None:
+    def _naive_counts(self) -> Traffic | None:
         """Naive's counts on the batches so far: the scheduler's own in mode naive."""
         if self.config.mode == "naive":
             return self.barrier.scheduler.counts

@@ -11,46 +11,19 @@ import grpc
 
 from heraldps import wire
 from heraldps.errors import InvalidArgument
+from heraldps.plan import CommPlan, plan_to_proto
+from heraldps.samples import decode_samples
 from heraldps.status import stream_handler, unary_handler
+from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier
 from scheduler_service.batch import Batch
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.plan import CommPlan
 from scheduler_service.shadow import NaiveShadow
 
 log = logging.getLogger(__name__)
 
 WATCH_POLL_SECONDS = 0.5
-
-
-def plan_to_proto(plan: CommPlan, table: str) -> scheduler_pb2.CommPlan:
-    return scheduler_pb2.CommPlan(
-        iteration=plan.iteration,
-        worker_id=plan.worker,
-        table=table,
-        samples=wire.encode_keys(plan.samples),
-        evict=wire.encode_keys(plan.evict),
-        pull=wire.encode_keys(plan.pull),
-        update_local=wire.encode_keys(plan.update_local),
-        push_grads=wire.encode_keys(plan.push_grads),
-        write_back=wire.encode_keys(plan.write_back),
-        final_flush=plan.final_flush,
-    )
-
-
-def plan_from_proto(msg: scheduler_pb2.CommPlan) -> CommPlan:
-    return CommPlan(
-        iteration=msg.iteration,
-        worker=msg.worker_id,
-        samples=wire.decode_keys(msg.samples, "samples"),
-        evict=wire.decode_keys(msg.evict, "evict"),
-        pull=wire.decode_keys(msg.pull, "pull"),
-        update_local=wire.decode_keys(msg.update_local, "update_local"),
-        push_grads=wire.decode_keys(msg.push_grads, "push_grads"),
-        write_back=wire.decode_keys(msg.write_back, "write_back"),
-        final_flush=msg.final_flush,
-    )
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -67,7 +40,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.table = table
         self.stopping = stopping
         self.shadow = shadow
-        self.reported = scheduler_pb2.TrafficCounters()  # every report so far, summed
+        self.reported = Traffic()  # every report so far, summed
         self._reported_lock = threading.Lock()
 
     def record_rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
@@ -106,12 +79,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument(
                 f"this scheduler plans table {self.table!r}, not {request.table!r}"
             )
-        batch = Batch(
-            request.iteration,
-            wire.decode_keys(request.offsets, "offsets"),
-            wire.decode_keys(request.keys, "keys"),
-            self.barrier.num_workers,
-        )
+        batch = self._batch(request)
         started = time.perf_counter()
         released = self.barrier.submit(batch)
         self.metrics.plan_seconds.labels(self.metrics.mode).observe(time.perf_counter() - started)
@@ -121,6 +89,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.SubmitBatchResponse(
             released_iteration=released[0].iteration if released else -1
         )
+
+    def _batch(self, request: scheduler_pb2.SubmitBatchRequest) -> Batch:
+        """Keys only (``offsets``, ``keys``) or whole samples (``batch``), not both."""
+        workers = self.barrier.num_workers
+        if not request.HasField("batch"):
+            offsets = wire.decode_keys(request.offsets, "offsets")
+            return Batch(
+                request.iteration, offsets, wire.decode_keys(request.keys, "keys"), workers
+            )
+        if request.offsets or request.keys:
+            raise InvalidArgument(
+                "send the batch either as offsets and keys or as whole samples in `batch`, not both"
+            )
+        return Batch.of_samples(request.iteration, decode_samples(request.batch, "batch"), workers)
 
     @unary_handler
     def Finish(
@@ -158,17 +140,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         )
         m, c, worker = self.metrics, request.counters, str(request.worker_id)
         with self._reported_lock:
-            self.reported.MergeFrom(
-                scheduler_pb2.TrafficCounters(
-                    pulled_rows=self.reported.pulled_rows + c.pulled_rows,
-                    pushed_gradient_rows=self.reported.pushed_gradient_rows
-                    + c.pushed_gradient_rows,
-                    written_back_rows=self.reported.written_back_rows + c.written_back_rows,
-                    cache_hits=self.reported.cache_hits + c.cache_hits,
-                    final_flush_rows=self.reported.final_flush_rows + c.final_flush_rows,
-                    version_checks=self.reported.version_checks + c.version_checks,
-                )
-            )
+            self.reported.add(Traffic.from_proto(c))
         m.reported_rows.labels(m.mode, worker, "pull").inc(c.pulled_rows)
         m.reported_rows.labels(m.mode, worker, "grad_push").inc(c.pushed_gradient_rows)
         m.reported_rows.labels(m.mode, worker, "write_back").inc(c.written_back_rows)
@@ -194,6 +166,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             next_batch_iteration=0 if next_batch is None else next_batch,
             backlog=b.backlog,
             finished=b.finished,
-            reported=self.reported,
+            reported=self.reported.to_proto(),
             last_loss=b.last_loss,
         )

@@ -15,8 +15,8 @@ import logging
 import threading
 
 from heraldps.errors import HeraldError
+from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
-from scheduler_service.plan import TrafficCounts
 from scheduler_service.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class NaiveShadow:
         self.failed: str | None = None
 
     @property
-    def counts(self) -> TrafficCounts:
+    def counts(self) -> Traffic:
         return self._scheduler.counts
 
     def submit(self, batch: Batch) -> None:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from heraldps.datasets import SparseDataset
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import MODES, Scheduler
@@ -29,16 +31,64 @@ class SimulationConfig:
     cache_fraction: float = 0.1
     iterations: int | None = None
 
+    def cache_rows(self, dataset: SparseDataset) -> int:
+        return cache_rows_for(dataset, self.cache_fraction)
+
+
+def cache_rows_for(dataset: SparseDataset, cache_fraction: float) -> int:
+    """Rows per worker cache: floor(cache_fraction x distinct keys of the data), at least 1."""
+    return max(1, math.floor(cache_fraction * dataset.distinct_keys()))
+
+
+def largest_mini_batch(
+    dataset: SparseDataset, workers: int, batch_size_per_worker: int, iterations: int | None
+) -> int:
+    """Most distinct keys in one worker's mini-batch under the sequential partition.
+
+    A worker's cache must hold its whole mini-batch, so this is the smallest cache
+    (rows) that naive, on-demand and HET runs accept; location-aware assignment is
+    checked by planning (it depends on the caches). Vectorized: one sort of
+    (mini-batch, key) pairs over the batches that will be trained.
+    """
+    batch = workers * batch_size_per_worker
+    count = dataset.rows // batch
+    if iterations is not None:
+        count = min(count, iterations)
+    rows = count * batch
+    end = int(dataset.offsets[rows])
+    keys = dataset.keys[:end]
+    group = np.repeat(np.arange(rows, dtype=np.int64) // batch_size_per_worker,
+                      np.diff(dataset.offsets[: rows + 1]))  # fmt: skip
+    order = np.lexsort((keys, group))
+    keys, group = keys[order], group[order]
+    first = np.ones(keys.shape[0], dtype=bool)
+    first[1:] = (keys[1:] != keys[:-1]) | (group[1:] != group[:-1])
+    return int(np.bincount(group[first], minlength=1).max())
+
+
+def plan_all(
+    dataset: SparseDataset,
+    workers: int,
+    batch_size_per_worker: int,
+    capacity: int,
+    mode: str,
+    iterations: int | None,
+) -> Scheduler:
+    """Plan every global batch of ``dataset`` in ``mode`` (plans dropped); the scheduler,
+    with its counts. ``CacheTooSmall`` if a mini-batch does not fit a cache."""
+    scheduler = Scheduler(workers, capacity, mode)
+    for t, part in enumerate(dataset.batches(workers * batch_size_per_worker, iterations)):
+        scheduler.submit(Batch(t, part.offsets, part.keys, workers))
+    scheduler.finish()
+    return scheduler
+
 
 def simulate_mode(
     dataset: SparseDataset, config: SimulationConfig, mode: str, capacity: int
 ) -> dict[str, Any]:
-    scheduler = Scheduler(config.workers, capacity, mode)
     started = time.perf_counter()
-    batch_size = config.workers * config.batch_size_per_worker
-    for t, part in enumerate(dataset.batches(batch_size, config.iterations)):
-        scheduler.submit(Batch(t, part.offsets, part.keys, config.workers))
-    scheduler.finish()
+    scheduler = plan_all(dataset, config.workers, config.batch_size_per_worker, capacity, mode,
+                         config.iterations)  # fmt: skip
     seconds = time.perf_counter() - started
     c = scheduler.counts
     return {
@@ -56,7 +106,7 @@ def simulate_mode(
 
 def simulate(dataset: SparseDataset, config: SimulationConfig) -> dict[str, Any]:
     """Counts of every mode; ``capacity`` = floor(cache_fraction x distinct keys)."""
-    capacity = math.floor(config.cache_fraction * dataset.distinct_keys())
+    capacity = config.cache_rows(dataset)
     modes = {mode: simulate_mode(dataset, config, mode, capacity) for mode in MODES}
     return {
         "config": {**asdict(config), "cache_rows": capacity, "rows": dataset.rows,

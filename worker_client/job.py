@@ -2,7 +2,9 @@
 
 One frozen dataclass, written to JSON by ``heraldps local`` and read by each
 worker, so the workers, the data feeder and the single-process reference all
-build the same batches, the same initial model and the same optimizer.
+build the same batches, the same initial model and the same optimizer. Only
+the feeder (and the single-process reference) read ``data``: workers get their
+samples with their plans, and size the model from the column counts here.
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from heraldps.client import DENSE_ROW_WIDTH, DenseParameter
-from heraldps.datasets import FORMATS, SparseDataset, read_dataset
+import numpy as np
+
+from heraldps.client import DENSE_ROW_WIDTH, DenseParameter, PSClient
+from heraldps.datasets import FORMATS, SparseDataset, default_columns, read_dataset
 from heraldps.errors import InvalidArgument
 from heraldps.init import Normal
 from heraldps.optim import SGD, AdaGrad, Adam, Optimizer
+from worker_client.model import DeepFM, ModelConfig
 
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEFAULT_LR = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
@@ -59,6 +65,32 @@ class TrainingJob:
     def global_batch(self) -> int:
         return self.workers * self.batch_size_per_worker
 
+    @property
+    def num_fields(self) -> int:
+        """Sparse columns per sample: the model's embedding fields."""
+        sparse, _ = default_columns(self.format)
+        columns = self.sparse_columns if self.sparse_columns is not None else sparse
+        if not columns:
+            raise InvalidArgument("--format csv needs --sparse-columns (the categorical columns)")
+        return len(columns)
+
+    @property
+    def num_dense(self) -> int:
+        """Dense columns per sample."""
+        _, dense = default_columns(self.format)
+        return len(self.dense_columns if self.dense_columns is not None else dense)
+
+    def model(self, xp: Any = np) -> DeepFM:
+        """The job's DeepFM over array module ``xp`` (its dense layout and initial values)."""
+        config = ModelConfig(
+            num_fields=self.num_fields,
+            num_dense=self.num_dense,
+            embedding_dim=self.embedding_dim,
+            hidden=self.hidden,
+            seed=self.seed,
+        )
+        return DeepFM(config, xp)
+
     def make_optimizer(self) -> Optimizer:
         lr = DEFAULT_LR[self.optimizer] if self.lr is None else self.lr
         if self.optimizer == "sgd":
@@ -98,6 +130,13 @@ class TrainingJob:
             dense_columns=self.dense_columns,
             max_rows=self.max_rows if path is None else None,
         )
+
+    def create_tables(self, ps: PSClient) -> None:
+        """The embedding table and the dense table, with the job's optimizer (idempotent)."""
+        optimizer = self.make_optimizer()
+        ps.create_table(EMBEDDING_TABLE, self.embedding_dim, optimizer, self.make_initializer())
+        model = self.model()
+        ps.create_dense(DENSE_TABLE, model.dense_size, optimizer, initial=model.init_dense())
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -1,6 +1,6 @@
 """Prometheus metrics of a worker (``heraldps_worker_*``), served by ``--metrics-port``.
 
-Updated once per iteration from the iteration's :class:`~worker_client.trainer.Traffic`
+Updated once per iteration from the iteration's :class:`~heraldps.traffic.Traffic`
 (counts the trainer already keeps), so metrics add no per-key work. Labels:
 ``worker`` and ``mode`` (the scheduler's mode, learnt at registration), plus
 ``kind`` for rows and bytes. Rows count as in the README's counting model:
@@ -10,11 +10,10 @@ values, optimizer state), as ``heraldps local`` reports them.
 
 from __future__ import annotations
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from heraldps.traffic import Traffic
 from worker_client.cache import EmbeddingCache
-from worker_client.trainer import Traffic
 
 ROW_KINDS = ("pull", "grad_push", "write_back", "final_flush", "version_check")
 _ITERATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -166,6 +165,4 @@ class WorkerMetrics:
         if samples:
             self.loss.labels(*labels).set(loss_sum / samples)
         self.cache_rows.labels(*labels).set(len(cache))
-        self.cache_dirty_rows.labels(*labels).set(
-            int(np.count_nonzero(cache.dirty & cache.occupied))
-        )
+        self.cache_dirty_rows.labels(*labels).set(cache.dirty_count())

@@ -1,8 +1,9 @@
-"""A worker's share of a global batch, laid out for the model.
+"""Global batches of a data set, and a worker's samples laid out for the model.
 
-The scheduler names samples by their index in the global batch; every
-worker reads the same data file and cuts the same global batches, so an
-index means the same row everywhere (``global_batches``).
+The feeder cuts the global batches (``global_batches``) and submits them with
+their samples; the scheduler names samples by their index in the global
+batch and hands each worker its samples inside its plan, where ``select``
+lays them out (distinct keys, per-field rows) for the model.
 """
 
 from __future__ import annotations
@@ -50,23 +51,21 @@ def global_batches(
     ]
 
 
-def select(batch: SparseDataset, samples: npt.NDArray[np.int64]) -> MiniBatch:
-    """The mini-batch of ``samples`` (indices into ``batch``), vectorized."""
+def select(batch: SparseDataset, samples: npt.NDArray[np.int64] | None = None) -> MiniBatch:
+    """The mini-batch of ``samples`` (indices into ``batch``; all of them when None)."""
     if batch.fields is None:
         raise InvalidArgument("the dataset does not record each key's field; read it with "
                               "heraldps.datasets.read_dataset")  # fmt: skip
-    if samples.shape[0] and (samples.min() < 0 or samples.max() >= batch.rows):
-        raise InvalidArgument(
-            f"sample indices must be in 0..{batch.rows - 1}, got {int(samples.min())}.."
-            f"{int(samples.max())}"
-        )
-    starts = batch.offsets[samples]
-    lengths = batch.offsets[samples + 1] - starts
-    owner = np.repeat(np.arange(samples.shape[0]), lengths)
-    positions = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(
-        int(lengths.sum())
-    )
-    keys, inverse = distinct(batch.keys[positions])
-    field_rows = np.full((samples.shape[0], len(batch.sparse_columns)), -1, dtype=np.int64)
-    field_rows[owner, batch.fields[positions]] = inverse
-    return MiniBatch(keys, field_rows, batch.dense[samples], batch.labels[samples])
+    if samples is not None:
+        if samples.shape[0] and (samples.min() < 0 or samples.max() >= batch.rows):
+            raise InvalidArgument(
+                f"sample indices must be in 0..{batch.rows - 1}, got {int(samples.min())}.."
+                f"{int(samples.max())}"
+            )
+        batch = batch.take(samples)
+    assert batch.fields is not None
+    owner = np.repeat(np.arange(batch.rows), np.diff(batch.offsets))
+    keys, inverse = distinct(batch.keys)
+    field_rows = np.full((batch.rows, len(batch.sparse_columns)), -1, dtype=np.int64)
+    field_rows[owner, batch.fields] = inverse
+    return MiniBatch(keys, field_rows, batch.dense, batch.labels)

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument
+from worker_client.device import to_host
 
 f32 = np.float32
 
@@ -31,14 +32,17 @@ def scatter_add(xp: Any, out: Any, index: Any, values: Any) -> None:
     """``out[index] += values`` with repeated indices accumulating (unbuffered).
 
     Plain ``out[index] += values`` keeps only one of the updates of a repeated
-    index; NumPy and CuPy spell the unbuffered form differently.
+    index. NumPy spells the unbuffered form ``np.add.at``, CuPy ``cupyx.scatter_add``;
+    any other array module (a test double) is asked for ``add.at``.
     """
     if xp is np:
         np.add.at(out, index, values)
-    else:
+    elif xp.__name__ == "cupy":
         # Imported lazily: CuPy is an optional dependency (and has no type stubs).
         cupyx: Any = importlib.import_module("cupyx")
         cupyx.scatter_add(out, index, values)
+    else:
+        xp.add.at(out, index, values)
 
 
 @dataclass(frozen=True)
@@ -246,7 +250,7 @@ class DeepFM:
         # Stable BCE from logits: max(z, 0) - z*y + log(1 + exp(-|z|)).
         e = xp.exp(-xp.abs(logit))
         loss = xp.maximum(logit, f32(0)) - logit * labels + xp.log1p(e)
-        loss_sum = float(loss.sum(dtype=np.float64))
+        loss_sum = float(to_host(loss.sum(dtype=np.float64)))  # one explicit transfer
         prob = xp.where(logit >= 0, f32(1) / (f32(1) + e), e / (f32(1) + e))
         dlogit = (prob - labels) / f32(loss_scale)  # [B]
 

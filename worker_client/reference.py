@@ -18,15 +18,14 @@ from heraldps.datasets import SparseDataset
 from heraldps.keyindex import KeyIndex
 from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches, select
-from worker_client.trainer import model_for
 
 
 class ReferenceTrainer:
     """Embedding rows in growable arrays; dense parameters as the PS's rows."""
 
-    def __init__(self, job: TrainingJob, dataset: SparseDataset) -> None:
+    def __init__(self, job: TrainingJob) -> None:
         self.job = job
-        self.model = model_for(job, dataset)
+        self.model = job.model()
         self.optimizer = job.make_optimizer()
         self.initializer = job.make_initializer()
         dim = job.embedding_dim

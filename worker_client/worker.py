@@ -1,9 +1,10 @@
 """The worker process: register, follow the plan stream, train, report.
 
 ``heraldps worker --job JOB.json --worker-id W --scheduler ADDR --ps A,B``
-reads the job (data, model, optimizer), cuts the same global batches as the
-data feeder, and executes each plan it receives (Herald modes) or trains its
-samples as a HET worker (mode ``het``). Every iteration ends with
+reads the job (model, optimizer, cache policy), learns its mode and cache
+size from the scheduler, picks its step once (:func:`make_step`: Herald plan
+execution or HET) and runs it on every plan it receives. The samples arrive
+inside the plans: a worker never opens a data file. Every iteration ends with
 ``ReportDone`` carrying the rows it moved; the scheduler commits once all
 workers reported. A failed RPC (scheduler or shard unreachable after the
 client's retries) or a plan that contradicts the cache ends the process with
@@ -17,19 +18,23 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
+import numpy as np
 
 from heraldps.client import PSClient
 from heraldps.errors import HeraldError
+from heraldps.modes import HET_MODE
+from heraldps.plan import plan_from_proto
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service.servicer import plan_from_proto
 from worker_client.device import array_module
+from worker_client.het_step import HETStep
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.metrics import WorkerMetrics
-from worker_client.minibatch import global_batches
-from worker_client.trainer import Traffic, WorkerTrainer
+from worker_client.plan_step import PlanStep
+from worker_client.step import Step
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +51,18 @@ class WorkerConfig:
     metrics_port: int | None = None  # serve Prometheus /metrics here (0: a free port)
 
 
-def counters(traffic: Traffic) -> scheduler_pb2.TrafficCounters:
-    return scheduler_pb2.TrafficCounters(
-        pulled_rows=traffic.pulls,
-        pushed_gradient_rows=traffic.grad_pushes,
-        written_back_rows=traffic.write_backs,
-        cache_hits=traffic.hits,
-        final_flush_rows=traffic.final_flush,
-        version_checks=traffic.version_checks,
-    )
+def make_step(
+    mode: str, job: TrainingJob, worker: int, ps: PSClient, cache_rows: int, xp: Any = np
+) -> Step:
+    """The step of a scheduler mode, chosen once: HET for ``het``, else plan execution."""
+    step_type: type[Step] = HETStep if mode == HET_MODE else PlanStep
+    return step_type(job, worker, ps, cache_rows, xp)
 
 
 def run_worker(config: WorkerConfig) -> int:
     """Train until the plan stream ends; 0 on success, 1 with a logged reason otherwise."""
     job = TrainingJob.load(config.job)
     xp = array_module(job.device)
-    dataset = job.read()
-    batches = global_batches(dataset, job.global_batch, job.iterations, job.epochs)
     channel = grpc.insecure_channel(config.scheduler, options=channel_options(64 * 2**20))
     scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
     ps = PSClient(list(config.ps), timeout=config.timeout_seconds)
@@ -75,7 +75,7 @@ def run_worker(config: WorkerConfig) -> int:
         reply = scheduler.RegisterWorker(
             scheduler_pb2.RegisterWorkerRequest(worker_id=w), timeout=config.timeout_seconds
         )
-        trainer = WorkerTrainer(job, dataset, w, ps, int(reply.cache_rows), xp)
+        step = make_step(reply.mode, job, w, ps, int(reply.cache_rows), xp)
         metrics.bind(w, reply.mode, job.staleness, int(reply.cache_rows), job.row_bytes())
         if config.prefetch:
             cached = ps.prefetch_keyset(EMBEDDING_TABLE, config.prefetch)
@@ -83,32 +83,23 @@ def run_worker(config: WorkerConfig) -> int:
         log.info("worker %d: mode %s, cache %d rows", w, reply.mode, reply.cache_rows)
         stream = scheduler.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w))
         for message in stream:
-            plan = plan_from_proto(message)
-            if not 0 <= plan.iteration < len(batches):
-                raise HeraldError(
-                    f"plan for iteration {plan.iteration}, but the job has {len(batches)} batches"
-                )
             started = time.perf_counter()
-            batch = batches[plan.iteration]
-            if reply.mode == "het":
-                traffic, loss = trainer.run_het(
-                    plan.iteration, plan.samples, batch, plan.final_flush
-                )
-            else:
-                traffic, loss = trainer.run_plan(plan, batch)
+            plan = plan_from_proto(message)
+            traffic, loss = step.run(plan)
+            traffic.sample_bytes = message.mini_batch.ByteSize()
+            samples = int(plan.samples.shape[0])
             scheduler.ReportDone(
                 scheduler_pb2.ReportDoneRequest(
                     worker_id=w,
                     iteration=plan.iteration,
-                    counters=counters(traffic),
+                    counters=traffic.to_proto(),
                     loss_sum=loss,
-                    samples=int(plan.samples.shape[0]),
+                    samples=samples,
                 ),
                 timeout=config.timeout_seconds,
             )
             seconds = time.perf_counter() - started
-            samples = int(plan.samples.shape[0])
-            metrics.observe(plan.iteration, traffic, loss, samples, seconds, trainer.cache)
+            metrics.observe(plan.iteration, traffic, loss, samples, seconds, step.cache)
             history.append(
                 {
                     "iteration": plan.iteration,

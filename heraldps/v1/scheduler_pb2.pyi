@@ -19,6 +19,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from heraldps.v1 import types_pb2 as _types_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -90,6 +91,7 @@ class SubmitBatchRequest(_message.Message):
     OFFSETS_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
     TABLE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     """Must be the next iteration (0 for the first batch)."""
     offsets: _builtins.bytes
@@ -98,6 +100,15 @@ class SubmitBatchRequest(_message.Message):
     """Little-endian int64 keys of every sample, concatenated."""
     table: _builtins.str
     """Table the keys belong to; empty means the scheduler's table."""
+    @_builtins.property
+    def batch(self) -> _types_pb2.SampleBlock:
+        """The whole samples of the batch (keys, fields, labels, dense features).
+        When set, offsets and keys above must be empty: the scheduler plans with
+        batch.offsets and batch.keys and sends each worker its samples inside its
+        plan (CommPlan.mini_batch), so workers never read the data. Without it,
+        plans carry sample indices only (planning-only clients, simulations).
+        """
+
     def __init__(
         self,
         *,
@@ -105,10 +116,11 @@ class SubmitBatchRequest(_message.Message):
         offsets: _builtins.bytes = ...,
         keys: _builtins.bytes = ...,
         table: _builtins.str = ...,
+        batch: _types_pb2.SampleBlock | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "keys", b"keys", "offsets", b"offsets", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "iteration", b"iteration", "keys", b"keys", "offsets", b"offsets", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -207,6 +219,7 @@ class CommPlan(_message.Message):
     PUSH_GRADS_FIELD_NUMBER: _builtins.int
     WRITE_BACK_FIELD_NUMBER: _builtins.int
     FINAL_FLUSH_FIELD_NUMBER: _builtins.int
+    MINI_BATCH_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     worker_id: _builtins.int
     table: _builtins.str
@@ -230,6 +243,12 @@ class CommPlan(_message.Message):
     """
     final_flush: _builtins.bool
     """After this iteration, write back every row still dirty: training ends."""
+    @_builtins.property
+    def mini_batch(self) -> _types_pb2.SampleBlock:
+        """The samples named by `samples`, in that order, when the feeder submitted
+        whole samples (SubmitBatchRequest.batch); what the worker trains.
+        """
+
     def __init__(
         self,
         *,
@@ -243,10 +262,11 @@ class CommPlan(_message.Message):
         push_grads: _builtins.bytes = ...,
         write_back: _builtins.bytes = ...,
         final_flush: _builtins.bool = ...,
+        mini_batch: _types_pb2.SampleBlock | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["mini_batch", b"mini_batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "pull", b"pull", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "mini_batch", b"mini_batch", "pull", b"pull", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -264,6 +284,7 @@ class TrafficCounters(_message.Message):
     CACHE_HITS_FIELD_NUMBER: _builtins.int
     FINAL_FLUSH_ROWS_FIELD_NUMBER: _builtins.int
     VERSION_CHECKS_FIELD_NUMBER: _builtins.int
+    SAMPLE_BYTES_FIELD_NUMBER: _builtins.int
     pulled_rows: _builtins.int
     pushed_gradient_rows: _builtins.int
     written_back_rows: _builtins.int
@@ -274,6 +295,10 @@ class TrafficCounters(_message.Message):
     """
     version_checks: _builtins.int
     """Keys whose PS clock the worker read (HET's CheckValid), no rows moved."""
+    sample_bytes: _builtins.int
+    """Bytes of the training samples that arrived with the plans (the serialized
+    SampleBlock): what carrying samples in plans adds to the traffic.
+    """
     def __init__(
         self,
         *,
@@ -283,10 +308,11 @@ class TrafficCounters(_message.Message):
         cache_hits: _builtins.int = ...,
         final_flush_rows: _builtins.int = ...,
         version_checks: _builtins.int = ...,
+        sample_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "sample_bytes", b"sample_bytes", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,8 +12,10 @@ Wire conventions used by every heraldps message:
 - The i-th row of every array in a message belongs to the i-th key.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -362,3 +364,61 @@ class TableInfo(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TableInfo: _TypeAlias = TableInfo  # noqa: Y015
+
+@_typing.final
+class SampleBlock(_message.Message):
+    """Training samples in CSR form: everything a worker needs to train them, so
+    that only the data feeder ever reads the data. Sample i has the keys
+    keys[offsets[i]:offsets[i + 1]], the label labels[i] and the dense
+    features dense[i, :].
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPARSE_COLUMNS_FIELD_NUMBER: _builtins.int
+    DENSE_COLUMNS_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    DENSE_FIELD_NUMBER: _builtins.int
+    offsets: _builtins.bytes
+    """Little-endian int64 CSR row pointers: samples + 1 entries, first 0,
+    non-decreasing, last = number of keys.
+    """
+    keys: _builtins.bytes
+    """Little-endian int64 keys of every sample, concatenated."""
+    fields: _builtins.bytes
+    """Little-endian int32, one per key: the key's field, i.e. its column's
+    position in sparse_columns (0..len(sparse_columns) - 1).
+    """
+    labels: _builtins.bytes
+    """Little-endian float32, one per sample: the label (0 or 1 for CTR)."""
+    dense: _builtins.bytes
+    """Little-endian float32, row-major [samples, len(dense_columns)], finite."""
+    @_builtins.property
+    def sparse_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of the sparse (categorical) columns, in field order."""
+
+    @_builtins.property
+    def dense_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of the dense (numeric) columns, in order."""
+
+    def __init__(
+        self,
+        *,
+        sparse_columns: _abc.Iterable[_builtins.str] | None = ...,
+        dense_columns: _abc.Iterable[_builtins.str] | None = ...,
+        offsets: _builtins.bytes = ...,
+        keys: _builtins.bytes = ...,
+        fields: _builtins.bytes = ...,
+        labels: _builtins.bytes = ...,
+        dense: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dense", b"dense", "dense_columns", b"dense_columns", "fields", b"fields", "keys", b"keys", "labels", b"labels", "offsets", b"offsets", "sparse_columns", b"sparse_columns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SampleBlock: _TypeAlias = SampleBlock  # noqa: Y015

@@ -73,7 +73,7 @@ class Service:
             env.update(HERALDPS_HOST="127.0.0.1")
         if "HERALDPS_METRICS_PORT" in env:
             env["HERALDPS_METRICS_PORT"] = "0"
-        command = [sys.executable, "-m", "heraldps.cli", *spec["command"]]
+        command = [sys.executable, "-m", "launcher", *spec["command"]]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -98,7 +98,7 @@ class Service:
         test = self.spec["healthcheck"]["test"]
         assert test[0] == "CMD" and test[1] == "heraldps", test
         argv = [a.replace(f":{self.compose_port}", f":{self.port}") for a in test[2:]]
-        command = [sys.executable, "-m", "heraldps.cli", *argv]
+        command = [sys.executable, "-m", "launcher", *argv]
         return subprocess.run(command, capture_output=True, timeout=30).returncode == 0
 
     def stop(self) -> int | None:

@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from heraldps.client import PSClient
+from launcher.local import read_model
 from tests.deploy.compose import DEPLOY, ComposeRun, heraldps_services, load_compose
 from worker_client.job import TrainingJob
-from worker_client.local import read_model
 from worker_client.reference import ReferenceTrainer
-from worker_client.trainer import model_for
 
 
 def test_compose_services_train_the_reference_model(tmp_path: Path) -> None:
@@ -38,11 +37,11 @@ def test_compose_services_train_the_reference_model(tmp_path: Path) -> None:
 
         # The same training set and order as every process of the run, model included.
         train = job.read()
-        reference = ReferenceTrainer(job, train)
+        reference = ReferenceTrainer(job)
         reference.train(train)
         addresses = [run.services["ps-0"].address, run.services["ps-1"].address]
         with PSClient(addresses) as ps:
-            model = read_model(job, ps, np.unique(train.keys), model_for(job, train).dense_size)
+            model = read_model(job, ps, np.unique(train.keys), job.model().dense_size)
             assert ps.committed_iteration() == len(reference.losses) - 1
         values, state, versions = reference.rows_of(model["keys"])
         np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6)
@@ -62,7 +61,7 @@ def test_compose_services_train_the_reference_model(tmp_path: Path) -> None:
 
         # A restarted feed container finds the run committed and exits 0 at once.
         again = subprocess.run(
-            [sys.executable, "-m", "heraldps.cli", *compose["services"]["feed"]["command"]],
+            [sys.executable, "-m", "launcher", *compose["services"]["feed"]["command"]],
             env=run.environment(compose["services"]["feed"]),
             capture_output=True,
             text=True,

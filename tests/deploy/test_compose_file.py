@@ -15,8 +15,9 @@ import jsonschema
 import pytest
 import yaml
 
-from heraldps.cli import build_parser
-from heraldps.env_parser import ENV_PREFIX, flag_actions, subcommands
+from launcher.cli import build_parser
+from launcher.cli.env_parser import ENV_PREFIX, flag_actions, subcommands
+from scheduler_service.simulate import cache_rows_for
 from tests.deploy.compose import (
     COMPOSE_FILE,
     DEPLOY,
@@ -28,7 +29,6 @@ from tests.deploy.compose import (
 )
 from tests.tools import require_tool
 from worker_client.job import TrainingJob
-from worker_client.local import cache_rows_for
 
 COMPOSE = load_compose()
 SERVICES = heraldps_services(COMPOSE)

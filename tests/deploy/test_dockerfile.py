@@ -153,11 +153,12 @@ def test_the_build_stage_installs_the_cli_and_the_bundled_sample(tmp_path: Path)
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-        assert "heraldps = heraldps.cli:main" in archive.read(entry_points).decode()
+        assert "heraldps = launcher.cli:main" in archive.read(entry_points).decode()
     needed = [
         "heraldps/data/criteo_head8k/train.tsv",
         "heraldps/v1/ps_pb2.py",
-        "worker_client/feed.py",
+        "launcher/feed.py",
+        "worker_client/worker.py",
         "ps_server/server.py",
         "scheduler_service/server.py",
     ]

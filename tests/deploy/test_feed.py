@@ -12,9 +12,9 @@ import pytest
 
 from heraldps.init import Zeros
 from heraldps.optim import SGD
+from launcher.feed import FeedConfig, FeedError, run_feed
 from scheduler_service.server import SchedulerConfig, SchedulerServer
 from tests.conftest import ClusterFactory
-from worker_client.feed import FeedConfig, FeedError, run_feed
 from worker_client.job import TrainingJob
 
 JOB = TrainingJob(
@@ -115,7 +115,7 @@ def test_nothing_listening_fails_after_the_timeout(job_file: Path) -> None:
 
 
 def test_cli_exit_code_and_message(job_file: Path, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "heraldps.cli", "feed", "--job", str(job_file),
+    command = [sys.executable, "-m", "launcher", "feed", "--job", str(job_file),
                "--scheduler", f"127.0.0.1:{_free_port()}", "--ps", f"127.0.0.1:{_free_port()}",
                "--timeout-seconds", "1"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)

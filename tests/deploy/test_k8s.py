@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from heraldps.cli import build_parser
+from launcher.cli import build_parser
 from ps_server.server import PSConfig
 from scheduler_service.server import SchedulerConfig
 from tests.deploy.k8s_manifests import (

@@ -62,7 +62,7 @@ def cli_shard(index: int, num_shards: int, workdir: Path) -> Iterator[str]:
     log_path = workdir / f"shard-{index}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "heraldps.cli", "ps", "--host", "127.0.0.1", "--port", "0",
+            [sys.executable, "-m", "launcher", "ps", "--host", "127.0.0.1", "--port", "0",
              "--shard-index", str(index), "--num-shards", str(num_shards),
              "--metrics-port", "0", "--grace-seconds", "1", "--port-file", str(port_file)],
             stdout=log,

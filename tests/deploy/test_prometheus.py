@@ -29,11 +29,19 @@ import grpc
 import pytest
 import yaml
 
-from heraldps import wire
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
+from heraldps.samples import encode_samples
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
+from launcher.cluster import (
+    ManagedProcess,
+    ps_process,
+    scheduler_process,
+    start_servers,
+    worker_process,
+)
+from scheduler_service.simulate import cache_rows_for
 from tests.deploy.observability import (
     PROMETHEUS_CONFIG,
     RULES,
@@ -43,17 +51,8 @@ from tests.deploy.observability import (
     rule_expressions,
 )
 from tests.tools import require_tool
-from worker_client.cluster import (
-    ManagedProcess,
-    ps_process,
-    scheduler_process,
-    start_servers,
-    worker_process,
-)
 from worker_client.job import TrainingJob
-from worker_client.local import cache_rows_for
 from worker_client.minibatch import global_batches
-from worker_client.trainer import create_tables, model_for
 
 HINT = "apt-get install prometheus (Debian's package ships prometheus and promtool)"
 FIRST_BATCHES = 10  # fed before the checks: iterations 0..8 get committed
@@ -157,12 +156,8 @@ def local_config(targets: dict[str, int]) -> dict[str, Any]:
 
 
 def submit(stub: scheduler_pb2_grpc.SchedulerStub, iteration: int, batch: Any) -> None:
-    """SubmitBatch, retrying while the scheduler's backlog is full."""
-    request = scheduler_pb2.SubmitBatchRequest(
-        iteration=iteration,
-        offsets=wire.encode_keys(batch.offsets),
-        keys=wire.encode_keys(batch.keys),
-    )
+    """SubmitBatch (whole samples), retrying while the scheduler's backlog is full."""
+    request = scheduler_pb2.SubmitBatchRequest(iteration=iteration, batch=encode_samples(batch))
     deadline = time.monotonic() + DEADLINE_SECONDS
     while True:
         try:
@@ -202,7 +197,7 @@ def test_every_dashboard_and_rule_query_returns_series(
     addresses = [s.address for s in shards]
     with PSClient(addresses) as ps:
         ps.wait_ready()
-        create_tables(ps, job, model_for(job, dataset))
+        job.create_tables(ps)
     scheduler = scheduler_process(job.workers, job.cache_rows, "herald", addresses, tmp_path)
     cleanup.append(scheduler)
     start_servers([scheduler])

@@ -27,7 +27,7 @@ def start_shard(data_dir: Path, workdir: Path, round_: int) -> tuple[subprocess.
     port_file = workdir / f"round-{round_}.port"
     log = open(workdir / f"round-{round_}.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "heraldps.cli", "ps", "--host", "127.0.0.1", "--port", "0",
+        [sys.executable, "-m", "launcher", "ps", "--host", "127.0.0.1", "--port", "0",
          "--store", "cached", "--data-dir", str(data_dir), "--cache-gb", "0.00002",
          "--port-file", str(port_file)],
         stdout=log, stderr=subprocess.STDOUT,
@@ -97,7 +97,7 @@ def test_kill_9_at_random_moments_loses_no_acknowledged_commit(tmp_path: Path) -
 def test_start_up_errors_are_clear_and_exit_2(tmp_path: Path) -> None:
     def ps(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "heraldps.cli", "ps", "--port", "0", *args],
+            [sys.executable, "-m", "launcher", "ps", "--port", "0", *args],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
 

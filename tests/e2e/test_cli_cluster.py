@@ -30,7 +30,7 @@ class Shard:
             [
                 sys.executable,
                 "-m",
-                "heraldps.cli",
+                "launcher",
                 "ps",
                 "--host",
                 "127.0.0.1",
@@ -131,7 +131,7 @@ def test_train_save_load_onto_three_shards_and_sigterm(
 
 def test_bad_flags_exit_with_a_message(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "heraldps.cli", "ps", "--shard-index", "3", "--num-shards", "2"],
+        [sys.executable, "-m", "launcher", "ps", "--shard-index", "3", "--num-shards", "2"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -160,7 +160,7 @@ def test_quickstart_example_runs(start_cluster: object) -> None:
 def test_scheduler_cli_serves_and_drains(tmp_path: Path) -> None:
     port_file = tmp_path / "scheduler.port"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "heraldps.cli", "scheduler", "--workers", "2", "--cache-rows",
+        [sys.executable, "-m", "launcher", "scheduler", "--workers", "2", "--cache-rows",
          "100", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 
 
 def heraldps_local(*args: str) -> list[str]:
-    return [sys.executable, "-m", "heraldps.cli", "local", *args]
+    return [sys.executable, "-m", "launcher", "local", *args]
 
 
 def test_local_writes_the_report_and_the_plot(tmp_path: Path) -> None:
@@ -31,8 +31,91 @@ def test_local_writes_the_report_and_the_plot(tmp_path: Path) -> None:
         assert {"pulls", "pushes", "final_flush", "auc", "logloss"} <= set(counts)
         assert counts["pulls"] > 0 and 0.0 < counts["auc"] < 1.0
     assert modes["herald"]["pushes"] < modes["naive"]["pushes"]
+    for counts in modes.values():
+        assert (
+            counts["moved_with_flush"] == counts["pulls"] + counts["pushes"] + counts["final_flush"]
+        )
+        assert counts["sample_bytes"] > 0  # the samples travelled with the plans
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "PS agrees" in done.stdout and " NO " not in done.stdout
+    out = done.stdout
+    assert "PS agrees: the shards' counters equal the workers' counts in every mode" in out
+    # Not a terminal: plain progress lines, and a summary that fits 100 columns.
+    assert "herald: iteration 4/4" in out and "het: done, 4 iterations" in out
+    assert max(len(line) for line in out.splitlines()) <= 100, out
+    naive_row = next(line for line in out.splitlines() if line.startswith("│ naive"))
+    moved = modes["naive"]["moved_with_flush"]
+    assert f"{moved:,}" in naive_row and "1.00" in naive_row
+
+
+def test_local_wide_view_has_every_count(tmp_path: Path) -> None:
+    done = subprocess.run(
+        heraldps_local("--modes", "naive,herald", "--iterations", "3", "--workers", "2",
+                       "--wide", "--progress-every", "1"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "written back" in out and "incl. flush" in out and "PS agrees" in out
+    assert "naive: iteration 1/3" in out and "naive: iteration 2/3" in out
+
+
+def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:
+    """A small CSV with two categorical columns and a label; every row has new keys."""
+    lines = ["user,item,click"] if header else []
+    lines += [f"u{i},i{i},{i % 2}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--iterations", "0"], "argument --iterations: must be >= 1, got 0"),
+        (["--cache-fraction", "2"], "argument --cache-fraction: must be in (0, 1], got 2"),
+        (["--shards", "0"], "argument --shards: must be >= 1, got 0"),
+        (["--device", "gpu"], "--device gpu needs CuPy and a CUDA GPU"),
+        (["--modes", "herald,fast"], "--modes takes a comma-separated subset"),
+        (
+            ["--data", "CSV_NOHEADER", "--format", "csv"],
+            "read as the header, is: 'u0,i0,0' (if that is data, add a header line",
+        ),
+        (["--data", "CSV", "--format", "csv"], "--format csv needs --sparse-columns"),
+        (
+            [
+                "--data",
+                "CSV",
+                "--format",
+                "csv",
+                "--sparse-columns",
+                "user,item",
+                "--label-column",
+                "click",
+            ],
+            "up to 256 distinct rows, but the cache holds 180 (0.1 of 1,800 distinct keys): use "
+            "--cache-fraction 0.143 or more, or a smaller --batch-size-per-worker",
+        ),
+    ],
+)
+def test_bad_configurations_fail_in_one_line_before_anything_starts(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    if args[0] == "--device":
+        pytest.importorskip("numpy")  # always there; the check below needs CuPy absent
+        from worker_client.device import gpu_available
+
+        if gpu_available():
+            pytest.skip("a GPU is usable here")
+    paths = {"CSV": str(tiny_csv(tmp_path / "mine.csv", 1000)),
+             "CSV_NOHEADER": str(tiny_csv(tmp_path / "raw.csv", 10, header=False))}  # fmt: skip
+    workdir = tmp_path / "work"
+    done = subprocess.run(
+        heraldps_local(*[paths.get(a, a) for a in args], "--workdir", str(workdir)),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not workdir.exists()  # no process was started
 
 
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:

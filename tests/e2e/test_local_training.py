@@ -20,12 +20,13 @@ import numpy as np
 import pytest
 
 from heraldps.bundled import bundled_data
-from scheduler_service.simulate import SimulationConfig, simulate
-from worker_client.cluster import ClusterError
+from heraldps.modes import ALL_MODES, HERALD_MODES
+from launcher.cluster import ClusterError
+from launcher.local import run_mode
+from launcher.report import ps_agrees
+from scheduler_service.simulate import SimulationConfig, cache_rows_for, simulate
 from worker_client.job import TrainingJob
-from worker_client.local import ALL_MODES, HERALD_MODES, cache_rows_for, run_mode
 from worker_client.reference import ReferenceTrainer
-from worker_client.report import ps_agrees
 
 TRAIN, TEST = bundled_data()
 ITERATIONS = 20
@@ -44,7 +45,7 @@ def small_job(optimizer: str) -> TrainingJob:
 def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Path) -> None:
     job = small_job(optimizer)
     train = job.read()
-    reference = ReferenceTrainer(job, train)
+    reference = ReferenceTrainer(job)
     reference.train(train)
     predicted = simulate(train, SimulationConfig(str(TRAIN), "criteo", 4, 32, 0.03, ITERATIONS))[
         "modes"
@@ -75,7 +76,7 @@ def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
     """--store cached, with a PS cache far smaller than the table (evictions on the shards)."""
     job = small_job("adagrad")
     train = job.read()
-    reference = ReferenceTrainer(job, train)
+    reference = ReferenceTrainer(job)
     reference.train(train)
     for mode in ("herald", "het"):
         result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True,
@@ -96,7 +97,7 @@ def test_gpu_workers_train_the_single_process_model(mode: str, tmp_path: Path) -
     """The CuPy cache and model path: the same model as NumPy single-process training."""
     job = replace(small_job("adam"), device="gpu")
     train = job.read()
-    reference = ReferenceTrainer(job, train)
+    reference = ReferenceTrainer(job)
     reference.train(train)
     model = run_mode(job, mode, 2, train, None, tmp_path, keep_model=True).model
     values, state, _ = reference.rows_of(model["keys"])

@@ -38,7 +38,7 @@ def test_simulate_cli_counts_equal_the_reference(path: str, fmt: str, tmp_path: 
         str(out),
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "heraldps.cli", "simulate", *args],
+        [sys.executable, "-m", "launcher", "simulate", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -65,7 +65,7 @@ def test_simulate_cli_reports_bad_input(tmp_path: Path) -> None:
     bad = tmp_path / "bad.tsv"
     bad.write_text("1\t2\t3\n")
     done = subprocess.run(
-        [sys.executable, "-m", "heraldps.cli", "simulate", "--data", str(bad)],
+        [sys.executable, "-m", "launcher", "simulate", "--data", str(bad)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -167,7 +167,7 @@ def test_keyset_prefetch_fills_the_cache_before_the_pass(
 ) -> None:
     keyset = tmp_path / "pass0.keyset"
     done = subprocess.run(
-        [sys.executable, "-m", "heraldps.cli", "keyset", "--data", str(TRAIN), "--out",
+        [sys.executable, "-m", "launcher", "keyset", "--data", str(TRAIN), "--out",
          str(keyset)], capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

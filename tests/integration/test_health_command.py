@@ -9,7 +9,7 @@ import sys
 import pytest
 from grpc_health.v1 import health_pb2
 
-from heraldps.cli import build_parser
+from launcher.cli import build_parser
 from ps_server.server import SERVICE_NAME
 from scheduler_service.server import SchedulerConfig, SchedulerServer
 from tests.conftest import ClusterFactory
@@ -56,7 +56,7 @@ def test_scheduler_through_the_real_cli() -> None:
     """The command a container healthcheck runs: a subprocess, exit code and stderr."""
     server = SchedulerServer(SchedulerConfig(workers=1, cache_rows=8, host="127.0.0.1", port=0))
     server.start()
-    command = [sys.executable, "-m", "heraldps.cli", "health", f"127.0.0.1:{server.port}"]
+    command = [sys.executable, "-m", "launcher", "health", f"127.0.0.1:{server.port}"]
     try:
         ok = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert (ok.returncode, ok.stdout.strip()) == (0, f"127.0.0.1:{server.port}: SERVING")

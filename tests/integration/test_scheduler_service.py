@@ -13,11 +13,11 @@ import pytest
 
 from heraldps import wire
 from heraldps.optim import SGD
+from heraldps.plan import plan_from_proto
 from heraldps.v1 import ps_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import Scheduler
 from scheduler_service.server import SchedulerConfig, SchedulerServer
-from scheduler_service.servicer import plan_from_proto
 from tests.conftest import ClusterFactory
 
 WORKERS, PER_WORKER, CAPACITY = 3, 4, 40
@@ -199,7 +199,7 @@ def test_bad_requests(scheduler: tuple[SchedulerServer, grpc.Channel]) -> None:
 
 
 def test_no_shadow_naive_plans_once_and_exports_no_naive_series(cluster: ClusterFactory) -> None:
-    from heraldps.cli import build_parser
+    from launcher.cli import build_parser
 
     args = build_parser().parse_args(["scheduler", "--workers", "3", "--cache-rows", "40",
                                       "--no-shadow-naive"])  # fmt: skip

@@ -13,11 +13,13 @@ from dataclasses import replace
 import numpy as np
 
 from heraldps.bundled import bundled_data
+from heraldps.plan import CommPlan
+from heraldps.traffic import Traffic
 from tests.conftest import ClusterFactory
+from worker_client.het_step import HETStep
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.metrics import WorkerMetrics
 from worker_client.minibatch import global_batches, select
-from worker_client.trainer import Traffic, WorkerTrainer, create_tables
 
 TRAIN, _ = bundled_data()
 STALENESS, ITERATIONS, WORKERS = 1, 40, 4
@@ -29,8 +31,8 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
                       staleness=STALENESS)  # fmt: skip
     dataset = job.read()
     _, ps = cluster(2)
-    trainers = [WorkerTrainer(job, dataset, w, ps, job.cache_rows) for w in range(WORKERS)]
-    create_tables(ps, job, trainers[0].model)
+    steps = [HETStep(job, w, ps, job.cache_rows) for w in range(WORKERS)]
+    job.create_tables(ps)
     metrics = [WorkerMetrics() for _ in range(WORKERS)]
     for w, m in enumerate(metrics):
         m.bind(w, "het", job.staleness, job.cache_rows, job.row_bytes())
@@ -38,21 +40,22 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
     losses = [0.0] * WORKERS
     m_per = job.batch_size_per_worker
     for t, batch in enumerate(global_batches(dataset, job.global_batch, job.iterations)):
-        for w, trainer in enumerate(trainers):
+        for w, step in enumerate(steps):
             samples = np.arange(w * m_per, (w + 1) * m_per, dtype=np.int64)
             keys = select(batch, samples).keys
-            cache = trainer.cache
+            cache = step.cache
             slots = cache.slots(keys)
             held = keys[slots >= 0]
             clocks = ps.versions(EMBEDDING_TABLE, held)
-            expected_stale = int(np.count_nonzero(clocks > cache.clock[slots[slots >= 0]] + 1))
-            traffic, loss = trainer.run_het(t, samples, batch, final=t == ITERATIONS - 1)
+            expected_stale = int(np.count_nonzero(clocks > cache.clocks(slots[slots >= 0]) + 1))
+            plan = CommPlan(t, w, samples=samples, final_flush=t == ITERATIONS - 1,
+                            mini_batch=batch.take(samples))  # fmt: skip
+            traffic, loss = step.run(plan)
             assert traffic.stale == expected_stale
             assert traffic.bound_releases == int(np.count_nonzero(cache.slots(keys) < 0))
             assert traffic.hits + traffic.pulls == keys.shape[0]
             metrics[w].observe(t, traffic, loss, m_per, 0.01, cache)
-            for name, count in traffic.as_dict().items():
-                setattr(totals[w], name, getattr(totals[w], name) + count)
+            totals[w].add(traffic)
             losses[w] = loss
         ps.commit(t)
     assert sum(t.stale for t in totals) > 0 and sum(t.bound_releases for t in totals) > 0
@@ -82,7 +85,7 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
         assert value("heraldps_worker_last_iteration") == ITERATIONS - 1
         assert value("heraldps_worker_staleness_bound") == STALENESS
         assert value("heraldps_worker_loss") == losses[w] / m_per
-        assert value("heraldps_worker_cache_rows") == len(trainers[w].cache)
+        assert value("heraldps_worker_cache_rows") == len(steps[w].cache)
         assert value("heraldps_worker_cache_capacity_rows") == job.cache_rows
 
 

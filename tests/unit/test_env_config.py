@@ -1,4 +1,4 @@
-"""Every flag of every subcommand also comes from ``HERALDPS_<FLAG>`` (heraldps.env_parser)."""
+"""Every flag of every subcommand also comes from ``HERALDPS_<FLAG>`` (launcher.cli.env_parser)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from heraldps.cli import build_parser
-from heraldps.env_parser import EnvArgumentParser, env_name, flag_actions, subcommands
+from launcher.cli import build_parser
+from launcher.cli.env_parser import EnvArgumentParser, env_name, flag_actions, subcommands
 
 # Values for the positionals a subcommand needs on the command line.
 POSITIONALS = {"health": ["127.0.0.1:7001"]}
@@ -20,10 +20,14 @@ def _env_value(action: argparse.Action) -> tuple[str, object]:
     if action.choices is not None:
         choice = next(c for c in action.choices if c != action.default)
         return str(choice), choice
-    if action.type is int:
-        return "12345", 12345
-    if action.type is float:
-        return "0.25", 0.25
+    if callable(action.type) and action.type is not str:
+        for text in ("12345", "0.25", "3"):  # the first one the flag's type accepts
+            try:
+                value = action.type(text)
+            except (ValueError, argparse.ArgumentTypeError):
+                continue
+            if value != action.default:
+                return text, value
     return "from-env", "from-env"
 
 

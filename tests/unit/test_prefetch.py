@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.jit import njit
 from heraldps.prefetch import prefetch
 
 
-@numba.njit(cache=True)
+@njit()
 def _sum_with_prefetch(rows: npt.NDArray[np.int64], column: npt.NDArray[np.uint64]) -> int:
     total = 0
     for i in range(rows.shape[0]):

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heraldps.errors import FailedPrecondition, InvalidArgument
+from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
-from scheduler_service.plan import CommPlan
 from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES, Scheduler
 

@@ -7,6 +7,7 @@ import pytest
 
 from heraldps.datasets import SparseDataset
 from heraldps.errors import FailedPrecondition, InvalidArgument
+from heraldps.optim import SGD
 from worker_client.cache import EmbeddingCache
 from worker_client.minibatch import global_batches, select
 
@@ -17,33 +18,75 @@ def rows(keys: list[int], dim: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndar
     return k, values, np.zeros((len(keys), 1), np.float32)
 
 
-def test_insert_lookup_remove_and_reuse_slots() -> None:
+def test_admit_lookup_evict_and_reuse_slots() -> None:
     cache = EmbeddingCache(4, 2, 1)
     keys, values, state = rows([10, 20, 30])
-    slots = cache.insert(keys, values, state, np.array([1, 2, 3]))
+    slots = cache.admit(keys, values, state, np.array([1, 2, 3]))
     assert len(cache) == 3 and cache.free == 1
     assert cache.slots(np.array([30, 99, 10])).tolist() == [slots[2], -1, slots[0]]
-    assert np.array_equal(cache.values[cache.slots(keys)], values)
-    assert cache.start[slots].tolist() == [1, 2, 3] and not cache.dirty[slots].any()
-    cache.remove(np.array([20]))
+    assert np.array_equal(cache.host_rows(keys)[0], values)
+    assert cache.clocks(slots).tolist() == [1, 2, 3] and not cache.dirty(slots).any()
+    cache.evict(np.array([20]))
     assert cache.slots(np.array([20])).tolist() == [-1] and cache.free == 2
     more, mv, ms = rows([40, 50])
-    cache.insert(more, mv, ms, np.zeros(2, np.int64))
+    cache.admit(more, mv, ms, np.zeros(2, np.int64))
     assert cache.free == 0 and sorted(cache.cached_keys().tolist()) == [10, 30, 40, 50]
     with pytest.raises(FailedPrecondition, match="cannot add 1"):
-        cache.insert(*rows([60])[:1], mv[:1], ms[:1], np.zeros(1, np.int64))
+        cache.admit(*rows([60]), np.zeros(1, np.int64))
     with pytest.raises(FailedPrecondition, match="not cached"):
-        cache.remove(np.array([20]))
+        cache.evict(np.array([20]))
+    # A held key is refreshed in place (same slot, new value and clock), not added.
+    again = cache.admit(np.array([10]), np.full((1, 2), 7, np.float32), ms[:1], np.array([5]))
+    assert again.tolist() == [slots[0]] and cache.clocks(again).tolist() == [5]
+    assert cache.host_rows(np.array([10]))[0].tolist() == [[7.0, 7.0]]
+
+
+def test_trained_rows_are_dirty_until_written_back() -> None:
+    """The state machine: admit (clean) -> mark_trained (dirty, clock + 1) -> write back."""
+    cache = EmbeddingCache(4, 2, 1)
+    keys, values, state = rows([10, 20])
+    slots = cache.admit(keys, values, state, np.array([3, 0]))
+    cache.mark_trained(slots[:1], np.ones((1, 2), np.float32), SGD(lr=0.5))
+    assert cache.dirty(slots).tolist() == [True, False] and cache.dirty_keys().tolist() == [10]
+    assert cache.clocks(slots).tolist() == [4, 0]
+    assert cache.updates_since_fetch(slots).tolist() == [1, 0]
+    assert cache.host_rows(keys[:1])[0].tolist() == [[9.5, 9.5]]  # the PS's SGD step
+    # A dirty row is never overwritten by the PS's older copy.
+    with pytest.raises(FailedPrecondition, match="dirty"):
+        cache.admit(keys[:1], values[:1], state[:1], np.array([3]))
+    out = cache.rows_for_write_back(keys[:1])
+    assert out.base_versions.tolist() == [3] and out.new_versions.tolist() == [4]
+    assert cache.dirty(slots[:1]).tolist() == [True]  # nothing changes before the PS stored it
+    cache.mark_written(out)
+    assert cache.dirty_count() == 0 and cache.updates_since_fetch(slots[:1]).tolist() == [0]
+    with pytest.raises(FailedPrecondition, match="not cached"):
+        cache.rows_for_write_back(np.array([99]))
+
+
+def test_pending_gradients_are_taken_once() -> None:
+    """HET: gradients accumulate per row and leave with take_pending, which cleans the row."""
+    cache = EmbeddingCache(4, 2, 0)
+    keys, values, _ = rows([10, 20, 30])
+    slots = cache.admit(keys, values, np.zeros((3, 0), np.float32), np.zeros(3, np.int64))
+    grads = np.arange(6, dtype=np.float32).reshape(3, 2)
+    cache.add_pending(slots[:2], grads[:2])
+    cache.add_pending(slots[:1], grads[:1])
+    cache.mark_trained(slots[:2], grads[:2], SGD(lr=0.1))
+    taken_keys, taken = cache.take_pending(slots)  # 30 was never trained: not taken
+    assert taken_keys.tolist() == [10, 20]
+    assert taken.tolist() == [[0.0, 2.0], [2.0, 3.0]]
+    assert cache.dirty_count() == 0
+    assert cache.take_pending(slots)[0].shape == (0,)
 
 
 def test_lru_and_lfu_victims_skip_the_rows_kept() -> None:
     for policy, expected in (("lru", [10, 20]), ("lfu", [10, 30])):
         cache = EmbeddingCache(4, 2, 1, policy=policy)
         keys, values, state = rows([10, 20, 30, 40])
-        slots = cache.insert(keys, values, state, np.zeros(4, np.int64))
+        slots = cache.admit(keys, values, state, np.zeros(4, np.int64))
         for _ in range(3):
-            cache.touch(slots[[1, 3]])  # 20 and 40: used often, long ago
-        cache.touch(slots[[2]])  # 30: used once, recently
+            cache.gather(slots[[1, 3]])  # 20 and 40: used often, long ago
+        cache.gather(slots[[2]])  # 30: used once, recently
         # LRU: 10 (never used), then 20; LFU: 10 (0 uses), then 30 (1 use). 40 is kept.
         victims = cache.victims(2, keep=slots[[3]])
         assert victims.tolist() == expected, policy

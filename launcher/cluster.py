@@ -26,13 +26,13 @@ class ClusterError(HeraldError):
 
 
 class ManagedProcess:
-    """One ``python -m heraldps.cli ...`` subprocess, logging to ``workdir/name.log``."""
+    """One ``heraldps ...`` subprocess (``python -m launcher``), logging to ``workdir/name.log``."""
 
     def __init__(self, name: str, args: list[str], workdir: Path, port_file: bool) -> None:
         self.name = name
         self.log_path = workdir / f"{name}.log"
         self.port_file = workdir / f"{name}.port" if port_file else None
-        command = [sys.executable, "-m", "heraldps.cli", *args]
+        command = [sys.executable, "-m", "launcher", *args]
         if self.port_file is not None:
             command += ["--port-file", str(self.port_file)]
         with open(self.log_path, "w") as log:

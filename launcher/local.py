@@ -11,14 +11,12 @@ Prometheus counters.
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -26,9 +24,10 @@ import numpy.typing as npt
 
 from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset
+from heraldps.modes import HET_MODE
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
-from worker_client.cluster import (
+from launcher.cluster import (
     ClusterError,
     ManagedProcess,
     ps_process,
@@ -36,17 +35,18 @@ from worker_client.cluster import (
     start_servers,
     worker_process,
 )
+from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
 from worker_client.evaluation import auc, logloss
-from worker_client.feed import MAX_MESSAGE_BYTES, submit_batches
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches, select
-from worker_client.trainer import create_tables, model_for
-
-HERALD_MODES = ("naive", "on_demand", "location_aware", "herald")
-ALL_MODES = (*HERALD_MODES, "het")
 
 
-Progress = Callable[[str, int, int, dict[str, float]], None]
+class Progress(Protocol):
+    """Told what happens while modes train (a terminal bar, log lines)."""
+
+    def update(self, mode: str, done: int, total: int, so_far: dict[str, float]) -> None: ...
+
+    def done(self, mode: str, result: ModeResult) -> None: ...
 
 
 @dataclass
@@ -66,17 +66,27 @@ class ModeResult:
     model: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def report(self) -> dict[str, Any]:
-        t = self.traffic
+        """The mode's figures as ``--json`` writes them (rows, bytes, quality, speed)."""
+        t, b = self.traffic, self.row_bytes
+        # The final flush is a write-back under a plan, a gradient push under HET.
+        flush_bytes = b["grad_push"] if self.mode == "het" else b["write_back"]
+        pushes = t["grad_pushes"] + t["write_backs"]
+        bytes_pulled = t["pulls"] * b["pull"]
+        bytes_pushed = t["grad_pushes"] * b["grad_push"] + t["write_backs"] * b["write_back"]
         return {
             "pulls": t["pulls"],
-            "pushes": t["grad_pushes"] + t["write_backs"],
+            "pushes": pushes,
             "final_flush": t["final_flush"],
+            "moved": t["pulls"] + pushes,
+            "moved_with_flush": t["pulls"] + pushes + t["final_flush"],
             "grad_pushes": t["grad_pushes"],
             "write_backs": t["write_backs"],
             "version_checks": t["version_checks"],
-            "bytes_pulled": t["pulls"] * self.row_bytes["pull"],
-            "bytes_pushed": t["grad_pushes"] * self.row_bytes["grad_push"]
-            + t["write_backs"] * self.row_bytes["write_back"],
+            "bytes_pulled": bytes_pulled,
+            "bytes_pushed": bytes_pushed,
+            "bytes_final_flush": t["final_flush"] * flush_bytes,
+            "bytes_moved_with_flush": bytes_pulled + bytes_pushed + t["final_flush"] * flush_bytes,
+            "sample_bytes": t["sample_bytes"],
             "auc": self.auc,
             "logloss": self.logloss,
             "iterations": self.iterations,
@@ -85,11 +95,6 @@ class ModeResult:
             "ps_counted": self.ps_counted,
             "per_iteration": self.per_iteration,
         }
-
-
-def cache_rows_for(dataset: SparseDataset, cache_fraction: float) -> int:
-    """floor(fraction x distinct keys of the training file), as ``heraldps simulate``."""
-    return max(1, math.floor(cache_fraction * dataset.distinct_keys()))
 
 
 def _ps_counts(shards: list[ManagedProcess]) -> dict[str, int]:
@@ -117,10 +122,9 @@ def _feed(address: str, batches: list[SparseDataset], stop: threading.Event) -> 
 
 def evaluate(job: TrainingJob, eval_data: SparseDataset, ps: PSClient) -> tuple[float, float]:
     """AUC and logloss of the PS's current model on ``eval_data``."""
-    model = model_for(job, eval_data)
-    dense_param = job.dense_parameter(model.dense_size)
-    dense = ps.pull_dense(dense_param)
-    mb = select(eval_data, np.arange(eval_data.rows, dtype=np.int64))
+    model = job.model()
+    dense = ps.pull_dense(job.dense_parameter(model.dense_size))
+    mb = select(eval_data)
     emb, _ = ps.pull(EMBEDDING_TABLE, mb.keys)
     probabilities = np.asarray(model.predict(dense, emb, mb.field_rows, mb.dense))
     labels = np.asarray(mb.labels)
@@ -177,8 +181,7 @@ def run_mode(
         addresses = [p.address for p in shard_procs]
         ps = PSClient(addresses)
         ps.wait_ready()
-        model = model_for(job, train)
-        create_tables(ps, job, model)
+        job.create_tables(ps)
         scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir)
         processes.append(scheduler)
         start_servers([scheduler])
@@ -213,7 +216,8 @@ def run_mode(
         auc_value = logloss_value = float("nan")
         if eval_data is not None:
             auc_value, logloss_value = evaluate(job, eval_data, ps)
-        kept = read_model(job, ps, np.unique(train.keys), model.dense_size) if keep_model else {}
+        dense_size = job.model().dense_size
+        kept = read_model(job, ps, np.unique(train.keys), dense_size) if keep_model else {}
         ps.close()
         return ModeResult(
             mode=mode,
@@ -274,7 +278,7 @@ def _monitor(
                     "pulls": r.pulled_rows,
                     "pushes": r.pushed_gradient_rows + r.written_back_rows,
                 }
-                progress(mode, status.committed_iteration + 1, iterations, so_far)
+                progress.update(mode, status.committed_iteration + 1, iterations, so_far)
             time.sleep(0.05)
 
 
@@ -283,7 +287,8 @@ def _combine(
 ) -> tuple[dict[str, int], list[dict[str, float]]]:
     """Traffic summed over workers; per iteration: rows moved, mean loss, and the
     slowest worker's time from receiving its plan to its report."""
-    keys = ("pulls", "grad_pushes", "write_backs", "final_flush", "version_checks", "hits")
+    keys = ("pulls", "grad_pushes", "write_backs", "final_flush", "version_checks", "hits",
+            "sample_bytes")  # fmt: skip
     totals = dict.fromkeys(keys, 0)
     per_iteration = [
         {"loss": 0.0, "seconds": 0.0, **dict.fromkeys(keys, 0)} for _ in range(iterations)
@@ -310,14 +315,28 @@ def run_local(
     store: str = "staged",
     cache_gb: float = 1.0,
 ) -> dict[str, ModeResult]:
-    """Every mode on its own fresh cluster, same batches and model; results by mode."""
+    """Every mode on its own fresh cluster, same batches and model; results by mode.
+
+    Without ``workdir`` the logs live in a temporary directory that is removed at the
+    end, so a failure's message says so instead of naming a file that no longer exists.
+    """
     results = {}
     with tempfile.TemporaryDirectory(prefix="heraldps-local-") as scratch:
         root = workdir or Path(scratch)
         for mode in modes:
-            results[mode] = run_mode(
-                job if mode == "het" else replace(job, staleness=0),
-                mode, shards, train, eval_data, root / mode, progress, store=store,
-                cache_gb=cache_gb,
-            )  # fmt: skip
+            try:
+                results[mode] = run_mode(
+                    job if mode == HET_MODE else replace(job, staleness=0),
+                    mode, shards, train, eval_data, root / mode, progress, store=store,
+                    cache_gb=cache_gb,
+                )  # fmt: skip
+            except ClusterError as exc:
+                if workdir is not None:
+                    raise
+                raise ClusterError(
+                    f"{exc}\n(the logs were in a temporary directory, removed now; rerun with "
+                    "--workdir DIR to keep them)"
+                ) from None
+            if progress is not None:
+                progress.done(mode, results[mode])
     return results

@@ -3,10 +3,12 @@
 ``heraldps local`` creates the tables and feeds the scheduler itself. In a
 deployment (compose, Kubernetes) the shards, the scheduler and the workers are
 separate services, and ``heraldps feed`` is the one-shot process that does the
-same: wait until the shards and the scheduler serve, create the job's tables
-(idempotent), submit every global batch, call Finish, and wait until the
-scheduler has committed the last iteration. Exit 0 then; any failure, a stall
-included, ends it with a message and a non-zero code, never a hang.
+same. It is the only reader of the data: it submits whole samples, and each
+worker gets its own inside its plans. It waits until the shards and the
+scheduler serve, creates the job's tables (idempotent), submits every global
+batch, calls Finish, and waits until the scheduler has committed the last
+iteration. Exit 0 then; any failure, a stall included, ends it with a message
+and a non-zero code, never a hang.
 
 Run again against the same scheduler (a restarted feed container), it resumes
 at the scheduler's next batch, or only waits if every batch was submitted.
@@ -22,16 +24,15 @@ from dataclasses import dataclass
 import grpc
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from heraldps import wire
 from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset
 from heraldps.errors import HeraldError
 from heraldps.healthcheck import wait_serving
+from heraldps.samples import encode_samples
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches
-from worker_client.trainer import create_tables, model_for
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +65,15 @@ def submit_batches(
     patience: float | None = None,
     timeout: float = 60.0,
 ) -> bool:
-    """Submit ``batches[start:]`` in order, then Finish; False if ``stop`` was set first.
+    """Submit ``batches[start:]`` in order, whole samples each, then Finish; False if
+    ``stop`` was set first.
 
     While the scheduler's backlog is full (``RESOURCE_EXHAUSTED``) the batch is
     retried; after ``patience`` seconds without an accepted batch, FeedError.
     """
     for t in range(start, len(batches)):
         batch = batches[t]
-        request = scheduler_pb2.SubmitBatchRequest(
-            iteration=t, offsets=wire.encode_keys(batch.offsets), keys=wire.encode_keys(batch.keys)
-        )
+        request = scheduler_pb2.SubmitBatchRequest(iteration=t, batch=encode_samples(batch))
         waiting_since = time.monotonic()
         while True:
             if stop is not None and stop.is_set():
@@ -138,7 +138,7 @@ def run_feed(config: FeedConfig) -> None:
         with PSClient(list(config.ps), timeout=timeout) as ps:
             committed = dict(zip(config.ps, ps.shard_committed_iterations(), strict=True))
             _check_cluster(job, len(batches), status, committed)
-            _create_tables(ps, job, dataset)
+            _create_tables(ps, job)
         start = int(status.next_batch_iteration)
         if not status.finished:
             log.info("submitting batches %d..%d of %d", start, len(batches) - 1, len(batches))
@@ -178,10 +178,10 @@ def _check_cluster(
         )
 
 
-def _create_tables(ps: PSClient, job: TrainingJob, dataset: SparseDataset) -> None:
+def _create_tables(ps: PSClient, job: TrainingJob) -> None:
     """The job's tables, as ``heraldps local`` creates them; an existing same spec is fine."""
     try:
-        create_tables(ps, job, model_for(job, dataset))
+        job.create_tables(ps)
     except grpc.RpcError as err:
         if err.code() == grpc.StatusCode.ALREADY_EXISTS:
             raise FeedError(

@@ -81,14 +81,15 @@ class EnvArgumentParser(argparse.ArgumentParser):
                 action.required = True
 
     def error(self, message: str) -> NoReturn:
-        """argparse's error, naming the variables that can supply missing flags."""
+        """One line: the problem (with the variables that can supply a missing flag) and
+        where the usage is; argparse's multi-line usage block hides the problem."""
         missing = "the following arguments are required: "
         if message.startswith(missing):
             names = dict((_flag(a), n) for n, a in flag_actions(self))
             listed = [names[f] for f in message[len(missing) :].split(", ") if f in names]
             if listed:
                 message += f" (or set {', '.join(listed)})"
-        super().error(message)
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
     def _from_env(self, action: argparse.Action, name: str, text: str) -> Any:
         """The value ``text`` stands for, converted and checked as argparse would."""

@@ -1,0 +1,79 @@
+"""What the scheduler tells each worker per iteration (Herald's communication plan).
+
+The plan type and its wire codec live in the common package: the scheduler
+writes plans, workers read them, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from heraldps import wire
+from heraldps.datasets import SparseDataset
+from heraldps.samples import decode_samples, encode_samples
+from heraldps.v1 import scheduler_pb2
+
+Keys = npt.NDArray[np.int64]
+
+KEY_LISTS = ("samples", "evict", "pull", "update_local", "push_grads", "write_back")
+
+
+def _empty() -> Keys:
+    return np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class CommPlan:
+    """One worker's instructions for one iteration (Herald's communication plan).
+
+    A worker executes, in order: evict ``evict``; pull ``pull`` (value, state,
+    version) from the PS; train ``samples``; apply the optimizer locally to
+    ``update_local`` (keys only this worker trains this iteration); push
+    gradients of ``push_grads`` (keys several workers train; the PS sums
+    them at commit); at the end of the iteration write back ``write_back``
+    (value, state, version). Lists are in the order the mirror decided them
+    (evict: eviction order; pull, update_local, push_grads: first occurrence
+    in the worker's mini-batch; write_back: ascending key). ``mini_batch`` holds
+    the samples themselves, in ``samples`` order, when the feeder sent them.
+    """
+
+    iteration: int
+    worker: int
+    samples: npt.NDArray[np.int64] = field(default_factory=_empty)
+    evict: Keys = field(default_factory=_empty)
+    pull: Keys = field(default_factory=_empty)
+    update_local: Keys = field(default_factory=_empty)
+    push_grads: Keys = field(default_factory=_empty)
+    write_back: Keys = field(default_factory=_empty)
+    final_flush: bool = False  # after this iteration, write back every dirty row
+    mini_batch: SparseDataset | None = None
+
+    def same_as(self, other: CommPlan) -> bool:
+        """Equal field by field (arrays compared by value and order)."""
+        if (self.iteration, self.worker) != (other.iteration, other.worker):
+            return False
+        return all(np.array_equal(getattr(self, name), getattr(other, name)) for name in KEY_LISTS)
+
+
+def plan_to_proto(plan: CommPlan, table: str) -> scheduler_pb2.CommPlan:
+    msg = scheduler_pb2.CommPlan(
+        iteration=plan.iteration, worker_id=plan.worker, table=table, final_flush=plan.final_flush
+    )
+    for name in KEY_LISTS:
+        setattr(msg, name, wire.encode_keys(getattr(plan, name)))
+    if plan.mini_batch is not None:
+        msg.mini_batch.CopyFrom(encode_samples(plan.mini_batch))
+    return msg
+
+
+def plan_from_proto(msg: scheduler_pb2.CommPlan) -> CommPlan:
+    """Decode a plan; malformed lists or samples raise ``InvalidArgument`` naming the field."""
+    plan = CommPlan(iteration=msg.iteration, worker=msg.worker_id, final_flush=msg.final_flush)
+    for name in KEY_LISTS:
+        setattr(plan, name, wire.decode_keys(getattr(msg, name), name))
+    if msg.HasField("mini_batch"):
+        plan.mini_batch = decode_samples(msg.mini_batch, "mini_batch")
+    return plan

@@ -1,0 +1,133 @@
+"""One ``heraldps`` subcommand: its flags, what it runs, and the one error wrapper of all."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from heraldps.errors import HeraldError
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand. ``run`` imports what it needs itself, so ``heraldps --help`` and the
+    commands of one role never load the modules of another (a PS shard loads no plotting)."""
+
+    name: str
+    help: str  # one line in ``heraldps --help``
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    failure_code: int = 2  # exit code when it fails with a clear message
+    interrupted: str = "interrupted"
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        """Run; a domain, value, OS or RPC error becomes one line on stderr and an exit code."""
+        try:
+            return self.run(args)
+        except KeyboardInterrupt:
+            self._say(self.interrupted)
+            return 130
+        except (HeraldError, ValueError, OSError) as exc:
+            self._say(str(exc))
+            return self.failure_code
+        except grpc.RpcError as err:
+            code = err.code().name if hasattr(err, "code") else "error"
+            details = err.details() if hasattr(err, "details") else str(err)
+            self._say(f"an RPC failed: {code} {details}")
+            return self.failure_code
+
+    def _say(self, message: str) -> None:
+        print(f"heraldps {self.name}: {message}", file=sys.stderr)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default (``off`` for switches, ``none`` if unset)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or "%(default)" in text
+            or action.default is argparse.SUPPRESS
+            or isinstance(action, argparse._HelpAction | argparse._VersionAction)
+        ):
+            return text
+        if action.nargs == 0:
+            default = "on" if action.default else "off"
+        elif action.default is None:
+            default = "none"
+        else:
+            default = "%(default)s"
+        return f"{text} (default: {default})"
+
+
+def addresses(text: str) -> tuple[str, ...]:
+    """``--ps A,B,...`` as a tuple of addresses, in shard order (empty entries dropped)."""
+    return tuple(a for a in text.split(",") if a)
+
+
+def names(text: str | None) -> tuple[str, ...] | None:
+    """A comma-separated column list (``--sparse-columns a,b``); None when not given."""
+    return tuple(c for c in text.split(",") if c) if text else None
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``, refused with a message naming the bound."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value:g}")
+    return value
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value:g}")
+    return value
+
+
+def add_server_arguments(p: argparse.ArgumentParser, port: int, threads: int) -> None:
+    """The flags every gRPC server role takes (``ps``, ``scheduler``)."""
+    p.add_argument("--host", default="0.0.0.0", help="address to bind")
+    p.add_argument("--port", type=int, default=port, help="gRPC port; 0 picks a free one")
+    p.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
+    )
+    p.add_argument(
+        "--max-message-mb", type=int, default=64, help="largest gRPC message accepted or sent, MiB"
+    )
+    p.add_argument("--threads", type=int, default=threads, help="RPC handler threads")
+    p.add_argument(
+        "--grace-seconds", type=float, default=10.0, help="on SIGTERM, time given to RPCs in flight"
+    )
+    p.add_argument(
+        "--port-file", default=None, help="write '<port> <metrics port>' here once serving"
+    )

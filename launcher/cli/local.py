@@ -1,0 +1,198 @@
+"""``heraldps local``: a local cluster training every mode on the same batches.
+
+Arguments -> job -> checks (before any process starts) -> one cluster per mode
+-> table, JSON, plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING
+
+from heraldps.modes import ALL_MODES
+from launcher.cli.command import Command, at_least, fraction, names, positive
+from launcher.cli.data import add_data_arguments
+
+if TYPE_CHECKING:
+    from heraldps.datasets import SparseDataset
+    from worker_client.job import TrainingJob
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_data_arguments(p)
+    p.add_argument(
+        "--eval-data",
+        default=None,
+        help="held-out file (none: the bundled sample's test.tsv for the bundled data, "
+        "else the last --eval-fraction of --data)",
+    )
+    p.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.1,
+        help="share of --data held out for evaluation when --eval-data is not given",
+    )
+    p.add_argument("--label-column", default=None, help="label column (csv)")
+    p.add_argument("--dense-columns", default=None, help="comma-separated numeric columns (csv)")
+    p.add_argument(
+        "--modes", default=",".join(ALL_MODES), help="comma-separated modes to train, in order"
+    )
+    p.add_argument(
+        "--staleness", type=at_least(0), default=0, help="HET staleness bound s (het mode)"
+    )
+    p.add_argument("--workers", type=at_least(1), default=4, help="worker processes (<= 64)")
+    p.add_argument("--shards", type=at_least(1), default=2, help="PS shard processes")
+    p.add_argument(
+        "--batch-size-per-worker", type=at_least(1), default=128, help="samples per worker"
+    )
+    p.add_argument(
+        "--iterations", type=at_least(1), default=None, help="at most this many global batches"
+    )
+    p.add_argument("--epochs", type=at_least(1), default=4, help="passes over the training data")
+    p.add_argument(
+        "--cache-fraction",
+        type=fraction,
+        default=0.1,
+        help="cache rows per worker = floor(fraction x distinct training keys), 0 < f <= 1",
+    )
+    p.add_argument(
+        "--optimizer", default="adagrad", choices=("sgd", "adagrad", "adam"), help="optimizer"
+    )
+    p.add_argument(
+        "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
+    )
+    p.add_argument("--embedding-dim", type=at_least(1), default=8, help="embedding width")
+    p.add_argument(
+        "--policy", default="lru", choices=("lru", "lfu"), help="HET cache eviction policy"
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "gpu", "auto"),
+        help="workers train on NumPy (cpu), CuPy (gpu), or CuPy when a GPU is usable (auto)",
+    )
+    p.add_argument("--json", default=None, help="write the full report here")
+    p.add_argument("--plot", default=None, help="write traffic and loss curves here (PNG)")
+    p.add_argument(
+        "--wide", action="store_true", help="print every count, not the 100-column summary"
+    )
+    p.add_argument(
+        "--progress-every",
+        type=at_least(1),
+        default=10,
+        help="off a terminal: one progress line per mode every this many iterations",
+    )
+    p.add_argument("--workdir", default=None, help="keep logs, job and reports here")
+    p.add_argument(
+        "--store",
+        default="staged",
+        choices=("staged", "cached"),
+        help="PS shards in host memory (staged) or LMDB + host cache (cached)",
+    )
+    p.add_argument(
+        "--cache-gb", type=positive, default=1.0, help="cached store: host cache per table, GiB"
+    )
+
+
+def modes_of(text: str) -> list[str]:
+    modes = [m for m in text.split(",") if m]
+    unknown = [m for m in modes if m not in ALL_MODES]
+    if unknown or not modes:
+        from heraldps.errors import InvalidArgument
+
+        raise InvalidArgument(f"--modes takes a comma-separated subset of {', '.join(ALL_MODES)}")
+    return modes
+
+
+def datasets(
+    args: argparse.Namespace, job: TrainingJob
+) -> tuple[TrainingJob, SparseDataset, SparseDataset]:
+    """(job, train, held-out) as the flags ask. Without --eval-data the last
+    --eval-fraction of --data is held out, and the job trains on the rows before it."""
+    from heraldps.bundled import bundled_data
+    from heraldps.errors import InvalidArgument
+    from launcher.cli.data import BUNDLED_TRAIN
+
+    if args.data == BUNDLED_TRAIN and args.eval_data is None:
+        _, test_path = bundled_data()
+        return job, job.read(), job.read(str(test_path))
+    full = job.read()
+    if args.eval_data is not None:
+        return job, full, job.read(args.eval_data)
+    if not 0 < args.eval_fraction < 1:
+        raise InvalidArgument("--eval-fraction must be between 0 and 1 (or give --eval-data)")
+    cut = full.rows - max(1, int(full.rows * args.eval_fraction))
+    return replace(job, max_rows=cut), full.row_slice(0, cut), full.row_slice(cut, full.rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from launcher.local import run_local
+    from launcher.preflight import check_cache, check_columns, data_name
+    from launcher.progress import progress_display
+    from launcher.report import agreement_line, summary_table, wide_table, write_json
+    from scheduler_service.simulate import cache_rows_for
+    from worker_client.device import array_module
+    from worker_client.job import TrainingJob
+
+    modes = modes_of(args.modes)
+    sparse = names(args.sparse_columns)
+    check_columns(args.data, args.format, sparse)
+    array_module(args.device)  # --device gpu without CuPy and a GPU: refused here
+    job = TrainingJob(
+        data=args.data, format=args.format, sparse_columns=sparse,
+        label_column=args.label_column, dense_columns=names(args.dense_columns),
+        workers=args.workers, batch_size_per_worker=args.batch_size_per_worker,
+        iterations=args.iterations, epochs=args.epochs, optimizer=args.optimizer, lr=args.lr,
+        embedding_dim=args.embedding_dim, staleness=args.staleness, policy=args.policy,
+        device=args.device,
+    )  # fmt: skip
+    job, train, held_out = datasets(args, job)
+    job = replace(job, cache_rows=cache_rows_for(train, args.cache_fraction))
+    check_cache(train, job.workers, job.batch_size_per_worker, job.cache_rows, job.iterations,
+                modes)  # fmt: skip
+    console = Console()
+    if not console.is_terminal:
+        console.width = 100  # logs and CI: the summary table fits; --wide may wrap
+    console.print(
+        f"[bold]heraldps local[/]: {train.rows:,} training rows ({data_name(job.data)}), "
+        f"{held_out.rows:,} held out; {job.workers} workers x {job.batch_size_per_worker}, "
+        f"{args.shards} {args.store} shards, cache {job.cache_rows:,} rows per worker, "
+        f"{job.optimizer}, modes {', '.join(modes)}"
+    )
+    with progress_display(console, modes, job.global_batch, args.progress_every) as display:
+        results = run_local(
+            job, modes, args.shards, train, held_out,
+            Path(args.workdir) if args.workdir else None, display, args.store, args.cache_gb,
+        )  # fmt: skip
+    if args.wide and not console.is_terminal:
+        console.width = 200
+    console.print(wide_table(results) if args.wide else summary_table(results))
+    console.print(agreement_line(results), highlight=False)
+    config = {**asdict(job), "shards": args.shards, "cache_fraction": args.cache_fraction}
+    if args.json:
+        write_json(results, config, args.json)
+        console.print(f"report: {args.json}", highlight=False)
+    if args.plot:
+        from launcher.plot import write_plot
+
+        write_plot(results, args.plot)
+        console.print(f"plot: {args.plot}", highlight=False)
+    return 0
+
+
+COMMAND = Command(
+    name="local",
+    help="train a CTR model on a local cluster (shards, scheduler, workers), mode by mode",
+    description="Start PS shards, the scheduler and workers on 127.0.0.1 and train each mode "
+    "on the same batches; print traffic and quality per mode. Every flag is checked against "
+    "the data before any process starts.",
+    add_arguments=add_arguments,
+    run=run,
+    failure_code=1,
+    interrupted="interrupted; every process was stopped",
+)

@@ -1,0 +1,80 @@
+"""``heraldps ps``: one parameter-server shard (Staged-PS or Cached-PS)."""
+
+from __future__ import annotations
+
+import argparse
+
+from launcher.cli.command import Command, add_server_arguments
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_server_arguments(p, port=7001, threads=16)
+    p.add_argument("--shard-index", type=int, default=0, help="this shard's index, 0..S-1")
+    p.add_argument("--num-shards", type=int, default=1, help="number of shards S in the cluster")
+    p.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=None,
+        help="cap on table memory; requests beyond it fail with RESOURCE_EXHAUSTED",
+    )
+    p.add_argument(
+        "--store",
+        default="staged",
+        choices=("staged", "cached"),
+        help="staged: tables in host memory; cached: LMDB on disk behind a host cache",
+    )
+    p.add_argument("--restore", default=None, help="load this Save snapshot at start")
+    cached = p.add_argument_group("cached store (--store cached)")
+    cached.add_argument(
+        "--data-dir", default=None, help="directory of the LMDB files (required with cached)"
+    )
+    cached.add_argument("--cache-gb", type=float, default=1.0, help="host cache per table, GiB")
+    cached.add_argument(
+        "--target-hit-rate",
+        type=float,
+        default=1.0,
+        help="requests hitting the cache at least this often do not insert their misses",
+    )
+    cached.add_argument(
+        "--max-num-evict",
+        type=int,
+        default=-1,
+        help="freeze the cache after this many evicting requests (-1: never)",
+    )
+    cached.add_argument(
+        "--durability",
+        default="sync",
+        choices=("sync", "periodic"),
+        help="fsync every acknowledged change (sync) or every 5 s (periodic)",
+    )
+    cached.add_argument(
+        "--max-disk-gb",
+        type=float,
+        default=1024.0,
+        help="LMDB map size, GiB; writes beyond it fail with RESOURCE_EXHAUSTED",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ps_server.server import PSConfig, serve
+
+    config = PSConfig(
+        host=args.host, port=args.port, shard_index=args.shard_index,
+        num_shards=args.num_shards, metrics_port=args.metrics_port,
+        max_message_mb=args.max_message_mb, memory_limit_gb=args.memory_limit_gb,
+        threads=args.threads, grace_seconds=args.grace_seconds, port_file=args.port_file,
+        store=args.store, data_dir=args.data_dir, cache_gb=args.cache_gb,
+        target_hit_rate=args.target_hit_rate, max_num_evict=args.max_num_evict,
+        durability=args.durability, max_disk_gb=args.max_disk_gb, restore=args.restore,
+    )  # fmt: skip
+    return serve(config)
+
+
+COMMAND = Command(
+    name="ps",
+    help="run one parameter-server shard: Staged-PS (host memory) or Cached-PS (LMDB + cache)",
+    description="Run one parameter-server shard of a heraldps cluster: tables wholly in host "
+    "memory (--store staged) or in LMDB on disk behind a host-memory cache (--store cached).",
+    add_arguments=add_arguments,
+    run=run,
+)

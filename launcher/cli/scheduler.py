@@ -1,0 +1,57 @@
+"""``heraldps scheduler``: the Herald scheduler service."""
+
+from __future__ import annotations
+
+import argparse
+
+from launcher.cli.command import Command, add_server_arguments, addresses
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, required=True, help="number of workers N (<= 64)")
+    p.add_argument("--cache-rows", type=int, required=True, help="rows per worker cache")
+    p.add_argument(
+        "--mode",
+        default="herald",
+        help="naive, on_demand, location_aware, herald, or het (plans carry samples only: "
+        "worker caches decide by clocks; the scheduler is the BSP barrier)",
+    )
+    p.add_argument("--table", default="emb", help="embedding table the plans refer to")
+    p.add_argument("--ps", default="", help="comma-separated PS shard addresses, in shard order")
+    add_server_arguments(p, port=7100, threads=32)
+    p.add_argument(
+        "--max-backlog",
+        type=int,
+        default=4,
+        help="planned, uncommitted iterations; SubmitBatch beyond it is RESOURCE_EXHAUSTED",
+    )
+    p.add_argument(
+        "--no-shadow-naive",
+        action="store_true",
+        help="do not plan each batch a second time in naive mode for the vs-naive metrics "
+        "(saves about half the planning CPU; heraldps_scheduler_naive_rows_total disappears)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from scheduler_service.server import SchedulerConfig, serve
+
+    config = SchedulerConfig(
+        workers=args.workers, cache_rows=args.cache_rows, mode=args.mode, table=args.table,
+        ps=addresses(args.ps), host=args.host, port=args.port,
+        metrics_port=args.metrics_port, max_backlog=args.max_backlog,
+        max_message_mb=args.max_message_mb, threads=args.threads,
+        grace_seconds=args.grace_seconds, port_file=args.port_file,
+        shadow_naive=not args.no_shadow_naive,
+    )  # fmt: skip
+    return serve(config)
+
+
+COMMAND = Command(
+    name="scheduler",
+    help="run the Herald scheduler service (plans per worker, BSP barrier, PS commits)",
+    description="Run the Herald scheduler: location-aware sample assignment, a "
+    "communication plan per worker per iteration, the BSP barrier and the PS commits.",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,82 @@
+"""Checks of a run's configuration that need the data, made before any process starts.
+
+A cluster that fails on its first batch costs a minute and prints an RPC error
+from deep inside; these checks cost a second and name the flag to change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from heraldps import bundled
+from heraldps.datasets import SparseDataset
+from heraldps.errors import CacheTooSmall, InvalidArgument
+from heraldps.modes import LOCATION_AWARE_MODES
+
+
+def check_columns(data: str, format: str, sparse_columns: tuple[str, ...] | None) -> None:
+    """``--format csv`` needs ``--sparse-columns``; say what the file's first line holds."""
+    if format != "csv" or sparse_columns:
+        return
+    path = bundled.resolve(data)
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            first = f.readline().strip()
+    except OSError as exc:
+        raise InvalidArgument(f"--data {data}: {exc.strerror or exc}") from None
+    raise InvalidArgument(
+        f"--format csv needs --sparse-columns (comma-separated categorical columns of the "
+        f"header line); the first line of {path.name}, read as the header, is: "
+        f"{_short(first)!r} (if that is data, add a header line naming the columns)"
+    )
+
+
+def check_cache(
+    dataset: SparseDataset,
+    workers: int,
+    batch_size_per_worker: int,
+    cache_rows: int,
+    iterations: int | None,
+    modes: Iterable[str],
+) -> None:
+    """Every worker's mini-batch must fit its cache, in every mode that will run.
+
+    The sequential partition (naive, on_demand, het) is checked from the data alone;
+    location-aware assignment depends on the caches, so those modes are planned once
+    with the real scheduler core (what ``heraldps simulate`` does), without a cluster.
+    """
+    from scheduler_service.simulate import largest_mini_batch, plan_all
+
+    needed = largest_mini_batch(dataset, workers, batch_size_per_worker, iterations)
+    if needed > cache_rows:
+        raise cache_error(dataset, needed, cache_rows, "")
+    for mode in modes:
+        if mode in LOCATION_AWARE_MODES:
+            try:
+                plan_all(dataset, workers, batch_size_per_worker, cache_rows, mode, iterations)
+            except CacheTooSmall as exc:
+                raise cache_error(dataset, exc.needed, cache_rows, f" in mode {mode}") from None
+
+
+def cache_error(
+    dataset: SparseDataset, needed: int, cache_rows: int, where: str
+) -> InvalidArgument:
+    distinct = dataset.distinct_keys()
+    fraction = math.ceil(1000 * needed / distinct) / 1000
+    return InvalidArgument(
+        f"a worker's mini-batch needs up to {needed:,} distinct rows{where}, but the cache "
+        f"holds {cache_rows:,} ({cache_rows / distinct:.3g} of {distinct:,} distinct keys): "
+        f"use --cache-fraction {min(fraction, 1.0):g} or more, or a smaller "
+        "--batch-size-per-worker"
+    )
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def data_name(data: str) -> str:
+    """The file name to show for ``--data`` (bundled names as given)."""
+    return data if data.startswith(bundled.PREFIX) else Path(data).name

@@ -1,0 +1,128 @@
+"""Herald plan mode: execute a :class:`~heraldps.plan.CommPlan` exactly.
+
+Evict, pull, train, update the rows only this worker trains with the shared
+optimizer function, push gradients of co-trained rows, write back what the
+plan lists. Anything in the plan that does not match the cache is a
+:class:`PlanMismatch`: the worker and the scheduler's mirror have diverged,
+and training must stop rather than silently train a different model. Every
+check runs before the cache or the PS changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heraldps.errors import FailedPrecondition
+from heraldps.keyindex import KeyIndex
+from heraldps.plan import CommPlan
+from heraldps.traffic import Traffic
+from worker_client.device import to_host
+from worker_client.job import EMBEDDING_TABLE
+from worker_client.step import Step
+
+
+class PlanMismatch(FailedPrecondition):
+    """A plan asks for something the worker's cache contradicts."""
+
+
+class PlanStep(Step):
+    """One iteration under a Herald plan (modes naive, on_demand, location_aware, herald)."""
+
+    def run(self, plan: CommPlan) -> tuple[Traffic, float]:
+        cache, t = self.cache, plan.iteration
+        traffic = Traffic()
+        mb = self.mini_batch(plan)
+        self._check_write_backs(plan)
+        if plan.evict.shape[0]:
+            self._check_evictions(plan)
+            cache.evict(plan.evict)
+        if plan.pull.shape[0]:
+            self._pull_planned(plan)
+            traffic.pulls += plan.pull.shape[0]
+        slots = cache.slots(mb.keys)
+        if np.any(slots < 0) or mb.keys.shape[0] != (
+            plan.update_local.shape[0] + plan.push_grads.shape[0]
+        ):
+            raise PlanMismatch(
+                f"plan {t} trains rows worker {self.worker} does not hold, or its update and "
+                "push lists do not cover the mini-batch's keys"
+            )
+        traffic.hits += mb.keys.shape[0] - plan.pull.shape[0]
+        loss, emb_grad, dense_grad = self.train(mb, slots)
+        position = KeyIndex(mb.keys.shape[0])
+        position.insert(mb.keys)  # key -> its row in the mini-batch's gradients
+        if plan.update_local.shape[0]:
+            local = position.lookup(plan.update_local)
+            cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)], self.optimizer)
+        if plan.push_grads.shape[0]:
+            shared = position.lookup(plan.push_grads)
+            grads = to_host(emb_grad[self.xp.asarray(shared)])
+            self.ps.push_gradients(EMBEDDING_TABLE, plan.push_grads, grads, t)
+            traffic.grad_pushes += plan.push_grads.shape[0]
+        self.push_dense(dense_grad, t)
+        if plan.write_back.shape[0]:
+            self.write_back(plan.write_back)
+            traffic.write_backs += plan.write_back.shape[0]
+        if plan.final_flush:
+            dirty = cache.dirty_keys()
+            if dirty.shape[0]:
+                self.write_back(dirty)
+            traffic.final_flush += dirty.shape[0]
+        return traffic, loss
+
+    def _check_evictions(self, plan: CommPlan) -> None:
+        """Evicted rows are held and clean (the scheduler wrote them back earlier)."""
+        slots = self.cache.slots(plan.evict)
+        if np.any(slots < 0):
+            raise PlanMismatch(
+                f"plan {plan.iteration} evicts keys worker {self.worker} does not hold: "
+                f"{plan.evict[slots < 0][:5].tolist()}"
+            )
+        dirty = self.cache.dirty(slots)
+        if np.any(dirty):
+            raise PlanMismatch(
+                f"plan {plan.iteration} evicts dirty rows of worker {self.worker} that were "
+                f"never written back: {plan.evict[dirty][:5].tolist()}"
+            )
+
+    def _check_write_backs(self, plan: CommPlan) -> None:
+        """Before anything changes: every row to write back will be dirty by then (dirty
+        now and not evicted or refreshed, or updated locally in this iteration)."""
+        if not plan.write_back.shape[0]:
+            return
+        slots = self.cache.slots(plan.write_back)
+        dirty_now = np.zeros(slots.shape[0], dtype=bool)
+        dirty_now[slots >= 0] = self.cache.dirty(slots[slots >= 0])
+        dirty_now &= ~np.isin(plan.write_back, plan.evict) & ~np.isin(plan.write_back, plan.pull)
+        ok = dirty_now | np.isin(plan.write_back, plan.update_local)
+        if not np.all(ok):
+            raise PlanMismatch(
+                f"plan {plan.iteration} writes back rows worker {self.worker} will not hold "
+                f"dirty: {plan.write_back[~ok][:5].tolist()}"
+            )
+
+    def _pull_planned(self, plan: CommPlan) -> None:
+        """Pull the plan's rows: new ones (with room for them), or held clean ones at an
+        older version than the PS's; the cache changes only once all of that holds."""
+        cache = self.cache
+        slots = cache.slots(plan.pull)
+        held = slots >= 0
+        if np.any(cache.dirty(slots[held])):
+            raise PlanMismatch(
+                f"plan {plan.iteration} pulls rows worker {self.worker} holds dirty (their "
+                "local updates would be lost)"
+            )
+        new = int(np.count_nonzero(~held))
+        if new > cache.free:
+            raise PlanMismatch(
+                f"plan {plan.iteration} pulls {new} new rows into a cache with {cache.free} "
+                f"free of {cache.capacity}"
+            )
+        values, versions, state = self.ps.pull_with_state(EMBEDDING_TABLE, plan.pull)
+        current = versions[held] == cache.clocks(slots[held])
+        if np.any(current):
+            raise PlanMismatch(
+                f"plan {plan.iteration} pulls rows worker {self.worker} already holds at the "
+                f"latest version: {plan.pull[held][current][:5].tolist()}"
+            )
+        cache.admit(plan.pull, values, state, versions)

@@ -1,0 +1,109 @@
+"""One iteration of one worker, behind one interface: Herald plan execution or HET.
+
+The worker learns its mode when it registers and picks the step once
+(:func:`worker_client.worker.make_step`); every iteration then calls ``step.run(plan)``. Both steps
+share what a worker owns: the embedding cache, the model, the dense
+parameters and the PS connection, and return the rows they moved
+(:class:`~heraldps.traffic.Traffic`) and the summed loss.
+
+Dense parameters are pulled every iteration (after the previous commit) and
+their gradients pushed every iteration; the PS applies them at commit.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.client import PSClient
+from heraldps.errors import FailedPrecondition
+from heraldps.plan import CommPlan
+from heraldps.traffic import Traffic
+from worker_client.cache import EmbeddingCache
+from worker_client.device import to_host
+from worker_client.job import EMBEDDING_TABLE, TrainingJob
+from worker_client.minibatch import MiniBatch, select
+
+Keys = npt.NDArray[np.int64]
+
+
+class MissingSamples(FailedPrecondition):
+    """A plan carries no samples, or samples of another shape than the job's model."""
+
+
+class Step(abc.ABC):
+    """A worker's cache, model and PS connection; ``run`` trains one iteration."""
+
+    def __init__(
+        self, job: TrainingJob, worker: int, ps: PSClient, cache_rows: int, xp: Any = np
+    ) -> None:
+        self.job = job
+        self.worker = worker
+        self.ps = ps
+        self.xp = xp
+        self.model = job.model(xp)
+        self.optimizer = job.make_optimizer()
+        self.dense = job.dense_parameter(self.model.dense_size)
+        self.cache = EmbeddingCache(
+            cache_rows,
+            job.embedding_dim,
+            self.optimizer.state_width(job.embedding_dim),
+            job.policy,
+            xp,
+        )
+
+    @abc.abstractmethod
+    def run(self, plan: CommPlan) -> tuple[Traffic, float]:
+        """Train ``plan``'s samples and move the rows the mode asks for; (traffic, loss sum)."""
+
+    # ----- shared pieces ---------------------------------------------------------------
+    def mini_batch(self, plan: CommPlan) -> MiniBatch:
+        """The plan's samples laid out for the model; refuses plans without samples."""
+        samples = plan.mini_batch
+        if samples is None:
+            raise MissingSamples(
+                f"the plan of iteration {plan.iteration} carries no samples: the feeder "
+                "submitted keys only; submit whole samples (SubmitBatchRequest.batch, as "
+                "heraldps feed does)"
+            )
+        if samples.rows != plan.samples.shape[0]:
+            raise MissingSamples(
+                f"the plan of iteration {plan.iteration} names {plan.samples.shape[0]} samples "
+                f"but carries {samples.rows}"
+            )
+        c = self.model.config
+        if (len(samples.sparse_columns), len(samples.dense_columns)) != (c.num_fields, c.num_dense):
+            raise MissingSamples(
+                f"the samples have {len(samples.sparse_columns)} sparse and "
+                f"{len(samples.dense_columns)} dense columns, but the job's model has "
+                f"{c.num_fields} and {c.num_dense}: the feeder and the workers run different jobs"
+            )
+        return select(samples)
+
+    def train(self, mb: MiniBatch, slots: npt.NDArray[np.int64]) -> tuple[float, Any, Any]:
+        """(loss sum, embedding gradients [rows], dense gradient) of the mini-batch on the
+        cached rows ``slots`` (one per key of ``mb.keys``); gradients stay on the device."""
+        xp = self.xp
+        dense = xp.asarray(self.ps.pull_dense(self.dense))
+        emb = self.cache.gather(slots)
+        return self.model.forward_backward(
+            dense,
+            emb,
+            xp.asarray(mb.field_rows),
+            xp.asarray(mb.dense),
+            xp.asarray(mb.labels),
+            loss_scale=float(self.job.global_batch),
+        )
+
+    def write_back(self, keys: Keys) -> None:
+        """Return dirty cached rows to the PS; the PS checks each row's base clock."""
+        rows = self.cache.rows_for_write_back(keys)
+        self.ps.write_back(EMBEDDING_TABLE, rows.keys, rows.values, rows.state,
+                           rows.base_versions, rows.new_versions)  # fmt: skip
+        self.cache.mark_written(rows)
+
+    def push_dense(self, dense_grad: Any, iteration: int) -> None:
+        self.ps.push_dense_gradients(self.dense, to_host(dense_grad), iteration)
