@@ -70,6 +70,7 @@ class CachedStore(ShardTables[CachedTable]):
         self.durability = durability
         self.budget = MemoryBudget(None)
         self.path = Path(data_dir) / f"shard-{shard_index:05d}-of-{num_shards:05d}"
+        self.data_dir = Path(data_dir).resolve()  # as opened, whatever the cwd later
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_file = _exclusive_lock(self.path / "heraldps.lock")
         try:
@@ -241,6 +242,15 @@ class CachedStore(ShardTables[CachedTable]):
         return self.table(name).prefetch(keys)
 
     # ----- snapshots --------------------------------------------------------
+    def data_paths(self) -> tuple[Path, ...]:
+        """Where a Save must not write: the whole --data-dir, not only this shard's LMDB folder.
+
+        The --data-dir holds every local shard's LMDB folder under the very names a
+        snapshot uses (``shard-<i>-of-<S>``), so a snapshot anywhere in it would land on
+        or beside a durable store.
+        """
+        return (self.data_dir,)
+
     def consistent_snapshot(self) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:
         with self._commit_lock:
             return self.committed_iteration, [(t.spec, t.snapshot()) for t in self.tables()]

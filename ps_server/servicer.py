@@ -210,13 +210,20 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Save(
         self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext
     ) -> ps_pb2.SaveResponse:
+        """Write this shard's snapshot under ``request.path``.
+
+        A path inside (or over) the store's own data directory, or an existing
+        ``shard-*`` entry there that is not a snapshot, is FAILED_PRECONDITION
+        (``snapshot.check_target``), checked before the tables are copied.
+        """
         if not request.path:
             raise InvalidArgument("save: path is empty; pass a directory to write the snapshot to")
-        iteration, tables = self.store.consistent_snapshot()
+        root, keep_out = Path(request.path), self.store.data_paths()
+        shard, shards = self.store.shard_index, self.store.num_shards
         try:
-            shard_dir = snapshot.write_shard(
-                Path(request.path), self.store.shard_index, self.store.num_shards, iteration, tables
-            )
+            snapshot.check_target(root, shard, shards, keep_out)
+            iteration, tables = self.store.consistent_snapshot()
+            shard_dir = snapshot.write_shard(root, shard, shards, iteration, tables, keep_out)
         except OSError as exc:
             raise _os_error(exc, f"save to {request.path!r}") from None
         return ps_pb2.SaveResponse(

@@ -17,6 +17,12 @@ writes into a temporary directory and renames it into place, so a reader
 never sees a half-written shard directory. Load reads every shard directory
 and keeps the rows whose key now hashes to the loading shard, so a snapshot
 taken on S shards loads onto any number of shards.
+
+A save replaces an existing shard directory only when it is a snapshot shard
+directory (``meta.json`` of this format, nothing but snapshot files), and
+never writes into a directory the caller names as kept out (a Cached-PS
+shard's ``--data-dir``): a Cached-PS keeps its LMDB folders under the same
+``shard-<i>-of-<S>`` names, and replacing one would delete the durable store.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,17 +54,102 @@ def shard_dir_name(shard_index: int, num_shards: int) -> str:
     return f"shard-{shard_index:05d}-of-{num_shards:05d}"
 
 
+def check_target(
+    root: Path, shard_index: int, num_shards: int, keep_out: Sequence[Path] = ()
+) -> Path:
+    """The shard directory a save to ``root`` would (re)place; refuse one it must not touch.
+
+    Raises FailedPrecondition, not InvalidArgument: the same path is a fine
+    argument on another shard or once the folder is gone; what forbids it is
+    the state of this server (its data directory) and of the file system.
+    """
+    final = root / shard_dir_name(shard_index, num_shards)
+    _refuse_kept_out(root, final, keep_out)
+    _refuse_foreign(final)
+    return final
+
+
+def _refuse_kept_out(root: Path, final: Path, keep_out: Sequence[Path]) -> None:
+    """Refuse a save into, below, or over a kept-out directory (symlinks and '..' resolved)."""
+    where, target = root.resolve(), final.resolve()
+    for kept in (Path(k).resolve() for k in keep_out):
+        if where == kept or kept in where.parents or _overlap(target, kept):
+            raise FailedPrecondition(
+                f"save to {str(root)!r}: {str(kept)!r} is this shard's --data-dir, and a "
+                "snapshot written in it or over it would replace the LMDB files; nothing was "
+                "written. Save to a directory outside it: an empty one or a previous heraldps "
+                "snapshot"
+            )
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` are the same directory, or one holds the other."""
+    return a == b or a in b.parents or b in a.parents
+
+
+def _refuse_foreign(final: Path) -> None:
+    """Refuse to replace anything at ``final`` that is not a snapshot shard directory."""
+    if not os.path.lexists(final):
+        return
+    why = _not_a_snapshot_shard(final)
+    if why:
+        raise FailedPrecondition(
+            f"save: {str(final)!r} exists and is not a {FORMAT} shard directory ({why}); "
+            "nothing was written. Save to an empty directory or to a previous heraldps snapshot"
+        )
+
+
+def _not_a_snapshot_shard(path: Path) -> str:
+    """Why ``path`` is not a directory a save wrote ('' when it is one)."""
+    if path.is_symlink():
+        return "a symbolic link"
+    if not path.is_dir():
+        return "not a directory"
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        entries = list(path.iterdir())
+    except (OSError, ValueError):
+        return "no readable meta.json"
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return f"its meta.json is not format {FORMAT!r}"
+    for entry in entries:
+        snapshot_file = entry.name == "meta.json" or entry.name.endswith(".npy")
+        if entry.is_symlink() or not entry.is_file() or not snapshot_file:
+            return f"it also holds {entry.name!r}, which a snapshot never writes"
+    return ""
+
+
 def write_shard(
     root: Path,
     shard_index: int,
     num_shards: int,
     committed_iteration: int,
     tables: list[tuple[TableSpec, RowBlock]],
+    keep_out: Sequence[Path] = (),
 ) -> Path:
-    """Write one shard's tables under ``root``; return the shard directory."""
+    """Write one shard's tables under ``root``; return the shard directory.
+
+    ``keep_out``: directories the snapshot must stay out of (see ``check_target``).
+    """
+    final = check_target(root, shard_index, num_shards, keep_out)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / shard_dir_name(shard_index, num_shards)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    try:
+        _write_files(tmp, shard_index, num_shards, committed_iteration, tables)
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _write_files(
+    tmp: Path,
+    shard_index: int,
+    num_shards: int,
+    committed_iteration: int,
+    tables: list[tuple[TableSpec, RowBlock]],
+) -> None:
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -74,14 +166,19 @@ def write_shard(
         )
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     _fsync_dir(tmp)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``, replacing an older snapshot shard directory there."""
+    root = final.parent
     with _PUBLISH_LOCK:  # two saves to one path in this process publish one at a time
+        _refuse_foreign(final)  # again: something may have appeared while the files were written
         old = root / f".{final.name}.old-{os.getpid()}"
         if final.exists():
             final.rename(old)
         tmp.rename(final)
         shutil.rmtree(old, ignore_errors=True)
         _fsync_dir(root)
-    return final
 
 
 def _fsync_dir(path: Path) -> None:

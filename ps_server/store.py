@@ -16,6 +16,7 @@ Locking (documented in the README):
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -89,6 +90,10 @@ class StagedStore(ShardTables[StagedTable]):
         self.table(name).write_back(keys, values, state, base_versions, new_versions)
 
     # ----- snapshots --------------------------------------------------------
+    def data_paths(self) -> tuple[Path, ...]:
+        """Directories a Save must stay out of: none, every row lives in memory."""
+        return ()
+
     def consistent_snapshot(self) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:
         """Copies of every table's committed rows, taken between commits."""
         with self._commit_lock:

@@ -229,3 +229,117 @@ def test_one_commit_applies_several_buffered_iterations_like_the_staged_store(
     assert updated == [sum(k.shape[0] for k in per_iteration.values())] * 2
     for x, y in zip(all_rows(staged, "emb"), all_rows(cached, "emb"), strict=True):
         assert np.array_equal(x, y)
+
+
+def committed_on(cluster: ClusterFactory, data: Path) -> tuple[list[PSServer], PSClient]:
+    """Two Cached-PS shards on ``data`` with table 'emb': keys 0..199 committed at iteration 0."""
+    servers, ps = cluster(2, store="cached", data_dir=str(data))
+    ps.create_table("emb", dim=4, optimizer=AdaGrad(lr=0.1))
+    ps.push_gradients("emb", np.arange(200), np.ones((200, 4), np.float32), 0)
+    assert ps.commit(0) == 200
+    return servers, ps
+
+
+def restarted(cluster: ClusterFactory, servers: list[PSServer], data: Path) -> PSClient:
+    """Stop ``servers`` and start two shards again from the same data directory."""
+    for server in servers:
+        server.stop(grace=0)
+    return cluster(2, store="cached", data_dir=str(data))[1]
+
+
+def files_under(root: Path) -> dict[str, bytes | None]:
+    """Every entry under ``root``, hidden ones too: bytes for files, None for directories."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def refused_save(ps: PSClient, path: Path | str) -> str:
+    """Save to ``path``, expect FAILED_PRECONDITION, return the message."""
+    with pytest.raises(grpc.RpcError) as err:
+        ps.save(str(path))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    return err.value.details() or ""
+
+
+def test_save_into_the_data_dir_is_refused_and_every_commit_survives(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    servers, ps = committed_on(cluster, data)
+    lmdb_files = sorted(files_under(data))
+    (tmp_path / "alias").symlink_to(data)
+    for path in (data, tmp_path / "alias", f"{data}/../data"):
+        message = refused_save(ps, path)
+        assert str(data) in message and "outside" in message
+    assert sorted(files_under(data)) == lmdb_files  # no snapshot file, no temp directory
+    # The shards keep working: the next commit is acknowledged and durable.
+    ps.push_gradients("emb", np.arange(50), np.ones((50, 4), np.float32), 1)
+    assert ps.commit(1) == 50
+    before = all_rows(ps, "emb")
+    ps = restarted(cluster, servers, data)
+    assert list(ps.list_tables()) == ["emb"]
+    assert ps.shard_committed_iterations() == [1, 1]
+    after = all_rows(ps, "emb")
+    assert after[0].tolist() == list(range(200))
+    assert after[3].tolist() == [2] * 50 + [1] * 150  # versions: two commits, then one
+    for x, y in zip(before, after, strict=True):
+        assert np.array_equal(x, y)
+
+
+def test_save_inside_or_over_a_shards_lmdb_folder_is_refused(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    _, ps = committed_on(cluster, data)
+    inside = data / "shard-00000-of-00002" / "snap"
+    assert str(data) in refused_save(ps, inside)
+    assert not inside.exists()
+    # A --data-dir named like a snapshot shard folder: saving to its parent would replace it.
+    lone = tmp_path / "shard-00000-of-00001"
+    _, one = cluster(1, store="cached", data_dir=str(lone))
+    one.create_table("emb", dim=4, optimizer=AdaGrad(lr=0.1))
+    assert str(lone) in refused_save(one, tmp_path)
+    assert sorted(p.name for p in lone.iterdir()) == ["shard-00000-of-00001"]
+    assert ps.save(str(tmp_path / "elsewhere")) == 200  # a fresh directory still works
+
+
+def test_save_over_a_folder_that_is_not_a_snapshot_is_refused_and_left_alone(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    stopped = tmp_path / "stopped"  # another, stopped, Cached-PS data directory
+    servers, ps = committed_on(cluster, stopped)
+    for server in servers:
+        server.stop(grace=0)
+    user = tmp_path / "user"
+    (user / "shard-00000-of-00002").mkdir(parents=True)
+    (user / "shard-00000-of-00002" / "notes.txt").write_text("mine")
+    (user / "shard-00001-of-00002").write_text("a file, not a folder")
+    _, ps = committed_on(cluster, tmp_path / "data")
+    for target in (stopped, user):
+        before = files_under(target)
+        message = refused_save(ps, target)
+        assert "shard-0000" in message and "not a heraldps-snapshot shard directory" in message
+        assert files_under(target) == before
+    assert restarted(cluster, [], stopped).shard_committed_iterations() == [0, 0]
+
+
+def test_save_over_an_older_snapshot_replaces_it(cluster: ClusterFactory, tmp_path: Path) -> None:
+    _, ps = committed_on(cluster, tmp_path / "data")
+    snap = tmp_path / "snap"
+    assert ps.save(str(snap)) == 200
+    ps.push_gradients("emb", np.arange(50), np.ones((50, 4), np.float32), 1)
+    ps.commit(1)
+    assert ps.save(str(snap)) == 200
+    assert sorted(files_under(snap)) == sorted(
+        f"shard-0000{i}-of-00002{suffix}"
+        for i in range(2)
+        for suffix in ["", "/meta.json"]
+        + [f"/emb.{f}.npy" for f in ("changed", "keys", "state", "values", "versions")]
+    )  # no temporary or replaced directory left behind
+    _, staged = cluster(3)
+    assert staged.load(str(snap)) == 200
+    assert staged.shard_committed_iterations() == [1, 1, 1]
+    for x, y in zip(all_rows(ps, "emb"), all_rows(staged, "emb"), strict=True):
+        assert np.array_equal(x, y)

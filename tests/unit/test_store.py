@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heraldps.errors import (
+    FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,
     StaleIteration,
@@ -263,3 +265,76 @@ def test_snapshot_errors(tmp_path: Path) -> None:
     (tmp_path / "shard-00000-of-00002" / "meta.json").write_text('{"format": "other"}')
     with pytest.raises(InvalidArgument, match="heraldps-snapshot"):
         snapshot.read_for_shard(tmp_path, 0, 1)
+
+
+def save_one(root: Path, keep_out: tuple[Path, ...] = ()) -> Path:
+    """Write shard 0 of 1 of a small trained store under ``root``."""
+    store = make_store()
+    store.pull("emb", np.arange(10, dtype=np.int64), False)
+    iteration, tables = store.consistent_snapshot()
+    return snapshot.write_shard(root, 0, 1, iteration, tables, keep_out)
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+            for p in sorted(root.rglob("*"))}  # fmt: skip
+
+
+def lmdb_folder(at: Path) -> None:
+    at.mkdir()
+    for name in ("data.mdb", "lock.mdb", "heraldps.lock"):
+        (at / name).write_bytes(b"durable")
+
+
+def extra_file(at: Path) -> None:
+    save_one(at.parent)
+    (at / "data.mdb").write_bytes(b"durable")
+
+
+def other_format(at: Path) -> None:
+    at.mkdir()
+    (at / "meta.json").write_text('{"format": "other"}')
+
+
+def symlink_to_snapshot(at: Path) -> None:
+    real = save_one(at.parent / "real")
+    at.symlink_to(real)
+
+
+@pytest.mark.parametrize(
+    "make", [lmdb_folder, extra_file, other_format, symlink_to_snapshot, Path.touch]
+)
+def test_write_shard_replaces_only_a_snapshot_shard_directory(
+    tmp_path: Path, make: Callable[[Path], object]
+) -> None:
+    target = tmp_path / "shard-00000-of-00001"
+    make(target)
+    before = tree(tmp_path)
+    with pytest.raises(FailedPrecondition, match="empty directory or to a previous heraldps"):
+        save_one(tmp_path)
+    assert tree(tmp_path) == before  # untouched, and no temporary directory left behind
+
+
+def test_write_shard_replaces_an_older_snapshot(tmp_path: Path) -> None:
+    save_one(tmp_path)
+    (tmp_path / "shard-00000-of-00001" / "gone.keys.npy").write_bytes(b"old table")
+    shard_dir = save_one(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [shard_dir.name]
+    assert not (shard_dir / "gone.keys.npy").exists()
+    assert snapshot.read_for_shard(tmp_path, 0, 1)[1][0][1].keys.shape == (10,)
+
+
+def test_write_shard_stays_out_of_kept_directories(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    lmdb_folder(data)
+    (tmp_path / "alias").symlink_to(data)
+    before = tree(tmp_path)
+    for root in (data, data / "sub" / "dir", tmp_path / "alias", data / ".." / "data"):
+        with pytest.raises(FailedPrecondition, match="--data-dir"):
+            save_one(root, keep_out=(data,))
+    # A kept directory named like the shard folder: saving to its parent would replace it.
+    with pytest.raises(FailedPrecondition, match="--data-dir"):
+        save_one(tmp_path, keep_out=(tmp_path / "shard-00000-of-00001",))
+    assert tree(tmp_path) == before
+    assert save_one(tmp_path / "snap", keep_out=(data,)).is_dir()
+    assert StagedStore().data_paths() == ()
