@@ -132,6 +132,13 @@ class ComposeRun:
                     volume.mkdir(exist_ok=True)
                     self.paths[target] = str(volume)
 
+    def local(self, path: str) -> str:
+        """The local path of a container path (one under a mount, or the text unchanged)."""
+        for target, local in self.paths.items():
+            if path == target or path.startswith(target.rstrip("/") + "/"):
+                return local + path[len(target) :]
+        return path
+
     def environment(self, spec: dict[str, Any]) -> dict[str, str]:
         """The process environment: no inherited HERALDPS_*, the service's own, translated."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("HERALDPS_")}
@@ -140,7 +147,7 @@ class ComposeRun:
             for name, service in self.services.items():
                 if service.compose_port is not None:
                     text = text.replace(f"{name}:{service.compose_port}", service.address)
-            env[key] = self.paths.get(text, text)
+            env[key] = self.local(text)
         return env
 
     def start(self, name: str, deadline: float) -> Service:

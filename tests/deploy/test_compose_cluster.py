@@ -55,7 +55,7 @@ def test_compose_services_train_the_reference_model(tmp_path: Path) -> None:
         assert np.array_equal(model["versions"], versions)
 
         # ps-1 is the Cached shard: its rows are in LMDB on the named volume.
-        volume = Path(run.paths[compose["services"]["ps-1"]["environment"]["HERALDPS_DATA_DIR"]])
+        volume = Path(run.local(compose["services"]["ps-1"]["environment"]["HERALDPS_DATA_DIR"]))
         (lmdb_file,) = volume.glob("shard-*/data.mdb")
         assert lmdb_file.stat().st_size > 0
 

@@ -108,6 +108,13 @@ def test_mounted_files_exist(name: str) -> None:
         )
 
 
+def test_workers_mount_the_job_and_no_data() -> None:
+    """Samples travel with the plans: only the feed reads the data (here bundled in the
+    image); a worker container mounts the job file alone."""
+    for name in ("worker-0", "worker-1"):
+        assert [t for _, t in mounts(SERVICES[name])] == ["/etc/heraldps/job.json"], name
+
+
 @pytest.mark.parametrize("name", sorted(SERVICES))
 def test_every_variable_is_a_flag_of_the_role(name: str) -> None:
     parser = build_parser()
@@ -193,8 +200,11 @@ def test_dependencies_and_restarts() -> None:
         # Training is a batch job: nothing restarts behind the run's back (see the file).
         assert SERVICES[name]["restart"] == "no"
         assert SERVICES[name]["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
-    cached = env("ps-1")["HERALDPS_DATA_DIR"]
-    assert dict((t, s) for s, t in mounts(SERVICES["ps-1"]))[cached] in COMPOSE["volumes"]
+    # The Cached shard's LMDB folders live on its named volume, in a folder of their own, so
+    # snapshots saved elsewhere on the volume never land in the --data-dir.
+    cached = Path(env("ps-1")["HERALDPS_DATA_DIR"])
+    (volume,) = [s for s, t in mounts(SERVICES["ps-1"]) if cached.is_relative_to(t)]
+    assert volume in COMPOSE["volumes"] and cached.name == "lmdb"
 
 
 def test_prometheus_scrapes_every_heraldps_process() -> None:

@@ -203,6 +203,13 @@ def test_job_mount_holds_the_rendered_job(build: Build) -> None:
         assert volume["configMap"]["name"] == "heraldps-config"
 
 
+def test_workers_mount_no_data(build: Build) -> None:
+    """Samples travel with the plans: a worker pod has the job file and scratch, no data."""
+    pod_spec = build.get("Job", "heraldps-worker")["spec"]["template"]["spec"]
+    kinds = {name for v in pod_spec["volumes"] for name in v if name != "name"}
+    assert kinds == {"configMap", "emptyDir"}, pod_spec["volumes"]
+
+
 # --- cluster shape --------------------------------------------------------------------------
 
 
