@@ -71,3 +71,35 @@ def test_simulate_cli_reports_bad_input(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 2 and "heraldps simulate:" in done.stderr
+
+
+def test_simulate_runs_on_the_bundled_sample_by_default() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "simulate", "--iterations", "3"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| herald |" in done.stdout and "3 iterations" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--iterations", "0"], "argument --iterations: must be >= 1, got 0"),
+        (["--cache-fraction", "0"], "argument --cache-fraction: must be in (0, 1], got 0"),
+        (["--format", "csv", "--data", "CSV"], "--format csv needs --sparse-columns"),
+        (["--cache-fraction", "0.01"], "use --cache-fraction 0.0"),
+    ],
+)
+def test_simulate_refuses_bad_configurations_in_one_line(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    csv_file = tmp_path / "mine.csv"
+    csv_file.write_text("user,item\nu1,i1\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "simulate",
+         *[str(csv_file) if a == "CSV" else a for a in args]],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -12,15 +12,20 @@ import numpy as np
 import pytest
 
 from heraldps import wire
+from heraldps.bundled import bundled_data
 from heraldps.optim import SGD
 from heraldps.plan import plan_from_proto
-from heraldps.v1 import ps_pb2, scheduler_pb2, scheduler_pb2_grpc
+from heraldps.samples import encode_samples
+from heraldps.v1 import ps_pb2, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import Scheduler
 from scheduler_service.server import SchedulerConfig, SchedulerServer
 from tests.conftest import ClusterFactory
+from worker_client.job import TrainingJob
+from worker_client.minibatch import global_batches
 
 WORKERS, PER_WORKER, CAPACITY = 3, 4, 40
+TRAIN, _ = bundled_data()
 
 
 def make_batches(count: int, first: int = 0) -> list[Batch]:
@@ -222,3 +227,74 @@ def test_no_shadow_naive_plans_once_and_exports_no_naive_series(cluster: Cluster
         assert sample("heraldps_scheduler_naive_rows_total", labels) is None
     finally:
         server.stop(grace=0)
+
+
+def test_whole_samples_travel_to_each_worker_inside_its_plan(
+    scheduler: tuple[SchedulerServer, grpc.Channel],
+) -> None:
+    """The feeder submits samples once; every worker's plan carries exactly its own, and the
+    sample bytes are reported back next to the rows."""
+    _, channel = scheduler
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    # One Criteo sample (26 keys) per worker fits the fixture's 40-row caches.
+    job = TrainingJob(data=str(TRAIN), workers=WORKERS, batch_size_per_worker=1)
+    batches = global_batches(job.read(), job.global_batch, 2)
+    for w in range(WORKERS):
+        stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=w))
+    streams = [
+        stub.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w)) for w in range(WORKERS)
+    ]
+    for t, batch in enumerate(batches):
+        stub.SubmitBatch(scheduler_pb2.SubmitBatchRequest(iteration=t, batch=encode_samples(batch)))
+    stub.Finish(scheduler_pb2.FinishRequest())
+    for t, batch in enumerate(batches):
+        seen = []
+        for w, stream in enumerate(streams):
+            msg = next(stream)
+            plan = plan_from_proto(msg)
+            assert plan.mini_batch is not None and plan.iteration == t
+            want = batch.take(plan.samples)
+            got = plan.mini_batch
+            for name in ("offsets", "keys", "fields", "labels", "dense"):
+                assert np.array_equal(getattr(got, name), getattr(want, name)), name
+            assert got.sparse_columns == batch.sparse_columns
+            seen += plan.samples.tolist()
+            counters = scheduler_pb2.TrafficCounters(sample_bytes=msg.mini_batch.ByteSize())
+            stub.ReportDone(
+                scheduler_pb2.ReportDoneRequest(worker_id=w, iteration=t, counters=counters)
+            )
+        assert sorted(seen) == list(range(batch.rows))  # every sample to exactly one worker
+    status = stub.GetStatus(scheduler_pb2.GetStatusRequest())
+    assert status.reported.sample_bytes > 0
+
+
+def test_malformed_samples_are_refused(scheduler: tuple[SchedulerServer, grpc.Channel]) -> None:
+    _, channel = scheduler
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    # One Criteo sample (26 keys) per worker fits the fixture's 40-row caches.
+    job = TrainingJob(data=str(TRAIN), workers=WORKERS, batch_size_per_worker=1)
+    (batch,) = global_batches(job.read(), job.global_batch, 1)
+    good = encode_samples(batch)
+
+    def refused(block: types_pb2.SampleBlock, **extra: bytes) -> str:
+        request = scheduler_pb2.SubmitBatchRequest(iteration=0, batch=block, **extra)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SubmitBatch(request)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        return err.value.details() or ""
+
+    assert "not both" in refused(good, keys=good.keys, offsets=good.offsets)
+    bad_field = types_pb2.SampleBlock()
+    bad_field.CopyFrom(good)
+    bad_field.fields = np.full(batch.keys.shape[0], 99, "<i4").tobytes()
+    assert "batch.fields: every field must be in 0..25" in refused(bad_field)
+    short = types_pb2.SampleBlock()
+    short.CopyFrom(good)
+    short.labels = good.labels[:-4]
+    assert "batch.labels" in refused(short)
+    nan = types_pb2.SampleBlock()
+    nan.CopyFrom(good)
+    nan.dense = np.full(batch.dense.shape, np.nan, "<f4").tobytes()
+    assert "NaN" in refused(nan)
+    # Nothing was accepted: the first good batch is still iteration 0.
+    stub.SubmitBatch(scheduler_pb2.SubmitBatchRequest(iteration=0, batch=good))
