@@ -73,7 +73,8 @@ class LineDisplay(ProgressDisplay):
         now = time.monotonic()
         started = self._started.setdefault(mode, now)
         last = self._printed.get(mode, 0)
-        if done < last + self.every and not done == total > last:
+        finished = done == total and done > last
+        if done < last + self.every and not finished:
             return
         self._printed[mode] = done
         rate = done * self.global_batch / (now - started) if now > started else 0.0

@@ -11,9 +11,9 @@ check runs before the cache or the PS changes.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from heraldps.errors import FailedPrecondition
-from heraldps.keyindex import KeyIndex
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from worker_client.device import to_host
@@ -32,6 +32,7 @@ class PlanStep(Step):
         cache, t = self.cache, plan.iteration
         traffic = Traffic()
         mb = self.mini_batch(plan)
+        local, shared = self._split(plan, mb.keys)
         self._check_write_backs(plan)
         if plan.evict.shape[0]:
             self._check_evictions(plan)
@@ -40,22 +41,16 @@ class PlanStep(Step):
             self._pull_planned(plan)
             traffic.pulls += plan.pull.shape[0]
         slots = cache.slots(mb.keys)
-        if np.any(slots < 0) or mb.keys.shape[0] != (
-            plan.update_local.shape[0] + plan.push_grads.shape[0]
-        ):
+        if np.any(slots < 0):
             raise PlanMismatch(
-                f"plan {t} trains rows worker {self.worker} does not hold, or its update and "
-                "push lists do not cover the mini-batch's keys"
+                f"plan {t} trains rows worker {self.worker} does not hold: "
+                f"{mb.keys[slots < 0][:5].tolist()}"
             )
         traffic.hits += mb.keys.shape[0] - plan.pull.shape[0]
         loss, emb_grad, dense_grad = self.train(mb, slots)
-        position = KeyIndex(mb.keys.shape[0])
-        position.insert(mb.keys)  # key -> its row in the mini-batch's gradients
-        if plan.update_local.shape[0]:
-            local = position.lookup(plan.update_local)
+        if local.shape[0]:
             cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)], self.optimizer)
-        if plan.push_grads.shape[0]:
-            shared = position.lookup(plan.push_grads)
+        if shared.shape[0]:
             grads = to_host(emb_grad[self.xp.asarray(shared)])
             self.ps.push_gradients(EMBEDDING_TABLE, plan.push_grads, grads, t)
             traffic.grad_pushes += plan.push_grads.shape[0]
@@ -69,6 +64,24 @@ class PlanStep(Step):
                 self.write_back(dirty)
             traffic.final_flush += dirty.shape[0]
         return traffic, loss
+
+    def _split(
+        self, plan: CommPlan, keys: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Rows of the mini-batch's gradients to apply locally and to push, in the plan's
+        list order. The scheduler lists both in first-occurrence order of the mini-batch,
+        like ``keys``, so a membership mask gives the positions; anything else is a mismatch."""
+        local_mask = np.isin(keys, plan.update_local)
+        local, shared = np.flatnonzero(local_mask), np.flatnonzero(~local_mask)
+        if not (
+            np.array_equal(keys[local], plan.update_local)
+            and np.array_equal(keys[shared], plan.push_grads)
+        ):
+            raise PlanMismatch(
+                f"plan {plan.iteration}'s update and push lists do not cover worker "
+                f"{self.worker}'s mini-batch keys, in their order"
+            )
+        return local, shared
 
     def _check_evictions(self, plan: CommPlan) -> None:
         """Evicted rows are held and clean (the scheduler wrote them back earlier)."""

@@ -76,3 +76,16 @@ def test_a_plan_without_samples_is_refused(cluster: ClusterFactory) -> None:
     with pytest.raises(MissingSamples, match="submit whole samples"):
         step.run(replace(plans[0], mini_batch=None))
     assert len(step.cache) == 0  # refused before anything moved
+
+
+def test_lists_out_of_order_or_rows_not_held_are_refused(cluster: ClusterFactory) -> None:
+    """Gradient rows are matched to keys by the plan's order; a reordered list would apply
+    one key's gradient to another, so it is refused before anything moves."""
+    step, plans, _ = one_worker(cluster)
+    first = plans[0]
+    assert first.update_local.shape[0] >= 2
+    with pytest.raises(PlanMismatch, match="in their order"):
+        step.run(replace(first, update_local=first.update_local[::-1]))
+    assert len(step.cache) == 0
+    with pytest.raises(PlanMismatch, match="does not hold"):
+        step.run(replace(first, pull=first.pull[1:]))
