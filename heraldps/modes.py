@@ -13,3 +13,6 @@ HERALD_MODES = ("naive", "on_demand", "location_aware", "herald")
 HET_MODE = "het"
 ALL_MODES = (*HERALD_MODES, HET_MODE)
 LOCATION_AWARE_MODES = ("location_aware", "herald")
+
+# The scheduler keeps one bit per worker in its cache-mirror masks (uint64).
+MAX_WORKERS = 64

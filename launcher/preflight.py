@@ -33,6 +33,17 @@ def check_columns(data: str, format: str, sparse_columns: tuple[str, ...] | None
     )
 
 
+def check_batches(dataset: SparseDataset, workers: int, batch_size_per_worker: int) -> None:
+    """At least one whole global batch: a partial one is never trained."""
+    batch = workers * batch_size_per_worker
+    if dataset.rows < batch:
+        raise InvalidArgument(
+            f"the data has {dataset.rows:,} rows, fewer than one global batch of {batch:,} "
+            f"(--workers {workers} x --batch-size-per-worker {batch_size_per_worker}); lower "
+            "either"
+        )
+
+
 def check_cache(
     dataset: SparseDataset,
     workers: int,
@@ -49,6 +60,7 @@ def check_cache(
     """
     from scheduler_service.simulate import largest_mini_batch, plan_all
 
+    check_batches(dataset, workers, batch_size_per_worker)
     needed = largest_mini_batch(dataset, workers, batch_size_per_worker, iterations)
     if needed > cache_rows:
         raise cache_error(dataset, needed, cache_rows, "")

@@ -40,11 +40,13 @@ def summary_table(results: dict[str, ModeResult]) -> Table:
             _mib(r["bytes_moved_with_flush"]), _mib(r["sample_bytes"]), f"{r['auc']:.4f}",
             f"{r['logloss']:.4f}",
         )  # fmt: skip
-    table.caption = (
-        "rows moved: pulls + gradient pushes + write-backs + final flush; MiB: their payload; "
-        "sample MiB: samples sent with the plans"
-    )
     return table
+
+
+SUMMARY_KEY = (
+    "rows moved = pulls + gradient pushes + write-backs + final flush (MiB: their payload); "
+    "sample MiB = samples sent with the plans"
+)
 
 
 def wide_table(results: dict[str, ModeResult]) -> Table:

@@ -1,6 +1,6 @@
 """A Staged-PS shard: the tables of one shard and its commit protocol.
 
-Locking (documented in the README):
+Locking (documented in docs/ps.md, "Locking"):
 - ``_commit_lock`` serialises Commit, CreateTable, Save and Load. Commit
   takes it, then each table's lock in turn (sorted by name), so a commit is
   atomic per table and never interleaves with another commit.

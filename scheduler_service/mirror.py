@@ -35,9 +35,9 @@ import numpy.typing as npt
 from heraldps import hostmem
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import KeyIndex, empty_slot_table, rehash
+from heraldps.modes import MAX_WORKERS
 from scheduler_service import kernels
 
-MAX_WORKERS = 64  # one bit per worker in the masks
 MAX_CAPACITY = 2**29  # LRU positions and kids are int32; a queue holds <= 4x capacity
 DENSE_WORKERS = 16  # up to this many workers, LRU positions live in the key's record
 _FIELDS = 7

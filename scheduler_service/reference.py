@@ -1,7 +1,7 @@
 """A plain, slow reference of the scheduler: Herald's Algorithm 1 and on-demand sync.
 
 Written to be read next to the paper (Herald, sections 3.1-3.2) and the
-counting model in the README; the fast scheduler (``scheduler.py``) must
+counting model of docs/scheduler.md; the fast scheduler (``scheduler.py``) must
 produce identical assignments and plans. Caches are ``OrderedDict`` LRUs of
 ``key -> CachedRow`` with explicit versions; a copy is *valid* when its
 version is the latest version of the key anywhere.

@@ -405,7 +405,7 @@ def dashboard() -> dict[str, Any]:
         "uid": "heraldps",
         "title": "heraldps",
         "description": "PS shards, the Herald scheduler and workers of a heraldps cluster "
-        "(README: Observability).",
+        "(docs/observability.md).",
         "tags": ["heraldps"],
         "timezone": "browser",
         "editable": True,

@@ -3,7 +3,7 @@
 Updated once per iteration from the iteration's :class:`~heraldps.traffic.Traffic`
 (counts the trainer already keeps), so metrics add no per-key work. Labels:
 ``worker`` and ``mode`` (the scheduler's mode, learnt at registration), plus
-``kind`` for rows and bytes. Rows count as in the README's counting model:
+``kind`` for rows and bytes. Rows count as in the counting model (docs/scheduler.md):
 one row in one direction is 1; bytes are payload bytes (keys, versions,
 values, optimizer state), as ``heraldps local`` reports them.
 """

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from heraldps.errors import HeraldError
+from heraldps.errors import HeraldError, InvalidArgument
+
+USAGE_ERROR = 2  # argparse's code for a bad command line; ours for a bad configuration
 
 
 @dataclass(frozen=True)
@@ -22,16 +24,20 @@ class Command:
     description: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
-    failure_code: int = 2  # exit code when it fails with a clear message
+    failure_code: int = 2  # exit code when the run fails with a clear message
     interrupted: str = "interrupted"
 
     def __call__(self, args: argparse.Namespace) -> int:
-        """Run; a domain, value, OS or RPC error becomes one line on stderr and an exit code."""
+        """Run; a domain, value, OS or RPC error becomes one line on stderr and an exit code:
+        2 for a bad command line or configuration (as argparse), ``failure_code`` otherwise."""
         try:
             return self.run(args)
         except KeyboardInterrupt:
             self._say(self.interrupted)
             return 130
+        except InvalidArgument as exc:
+            self._say(str(exc))
+            return USAGE_ERROR
         except (HeraldError, ValueError, OSError) as exc:
             self._say(str(exc))
             return self.failure_code
@@ -76,19 +82,21 @@ def names(text: str | None) -> tuple[str, ...] | None:
     return tuple(c for c in text.split(",") if c) if text else None
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low``, refused with a message naming the bound."""
+def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (and <= ``high``), refused with a message
+    naming the bound."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value < low or (high is not None and value > high):
+            bounds = f">= {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
         return value
 
-    parse.__name__ = f"integer >= {low}"
+    parse.__name__ = f"integer >= {low}" if high is None else f"integer in {low}..{high}"
     return parse
 
 

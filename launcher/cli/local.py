@@ -10,7 +10,7 @@ import argparse
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
-from heraldps.modes import ALL_MODES
+from heraldps.modes import ALL_MODES, MAX_WORKERS
 from launcher.cli.command import Command, at_least, fraction, names, positive
 from launcher.cli.data import add_data_arguments
 
@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--staleness", type=at_least(0), default=0, help="HET staleness bound s (het mode)"
     )
-    p.add_argument("--workers", type=at_least(1), default=4, help="worker processes (<= 64)")
+    p.add_argument(
+        "--workers", type=at_least(1, MAX_WORKERS), default=4, help="worker processes (<= 64)"
+    )
     p.add_argument("--shards", type=at_least(1), default=2, help="PS shard processes")
     p.add_argument(
         "--batch-size-per-worker", type=at_least(1), default=128, help="samples per worker"
@@ -134,7 +136,13 @@ def run(args: argparse.Namespace) -> int:
     from launcher.local import run_local
     from launcher.preflight import check_cache, check_columns, data_name
     from launcher.progress import progress_display
-    from launcher.report import agreement_line, summary_table, wide_table, write_json
+    from launcher.report import (
+        SUMMARY_KEY,
+        agreement_line,
+        summary_table,
+        wide_table,
+        write_json,
+    )
     from scheduler_service.simulate import cache_rows_for
     from worker_client.device import array_module
     from worker_client.job import TrainingJob
@@ -172,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
     if args.wide and not console.is_terminal:
         console.width = 200
     console.print(wide_table(results) if args.wide else summary_table(results))
+    if not args.wide:
+        console.print(SUMMARY_KEY, highlight=False)
     console.print(agreement_line(results), highlight=False)
     config = {**asdict(job), "shards": args.shards, "cache_fraction": args.cache_fraction}
     if args.json:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.cli.command import Command, add_server_arguments, addresses
+from heraldps.modes import MAX_WORKERS
+from launcher.cli.command import Command, add_server_arguments, addresses, at_least
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, required=True, help="number of workers N (<= 64)")
+    p.add_argument(
+        "--workers", type=at_least(1, MAX_WORKERS), required=True, help="number of workers N"
+    )
     p.add_argument("--cache-rows", type=int, required=True, help="rows per worker cache")
     p.add_argument(
         "--mode",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from heraldps.modes import MAX_WORKERS
 from launcher.cli.command import Command, at_least, fraction, names
 from launcher.cli.data import add_data_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
-    p.add_argument("--workers", type=at_least(1), default=8, help="workers N (<= 64)")
+    p.add_argument("--workers", type=at_least(1, MAX_WORKERS), default=8, help="workers N")
     p.add_argument(
         "--batch-size-per-worker", type=at_least(1), default=128, help="samples per worker"
     )

@@ -17,6 +17,7 @@ from tests.deploy.observability import (
 )
 from tests.tools import require_tool
 
+RUNBOOKS = "docs/observability.md"
 PROMTOOL_HINT = "apt-get install prometheus (Debian's package ships promtool)"
 
 
@@ -54,7 +55,7 @@ def test_every_alert_is_unit_tested_firing() -> None:
 
 
 def test_every_alert_explains_itself_and_links_a_runbook_section() -> None:
-    docs = (ROOT / "README.md").read_text()
+    docs = (ROOT / RUNBOOKS).read_text()
     anchors = markdown_anchors(docs)
     for group in load_yaml(RULES)["groups"]:
         for rule in group["rules"]:
@@ -63,7 +64,7 @@ def test_every_alert_explains_itself_and_links_a_runbook_section() -> None:
             notes = rule["annotations"]
             assert notes.get("summary") and notes.get("description"), rule["alert"]
             page, _, anchor = notes["runbook"].partition("#")
-            assert page == "README.md", notes["runbook"]
+            assert page == RUNBOOKS, notes["runbook"]
             assert anchor in anchors, f"{rule['alert']}: no heading for #{anchor} in the docs"
             assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
 

@@ -2,7 +2,7 @@
 
 ``grpcurl -plaintext ADDR list``, ``describe`` and a call with a JSON body
 (bytes fields in base64) are repeated here with grpcio-reflection's
-descriptor database, so the README's grpcurl commands are checked in CI
+descriptor database, so the grpcurl commands of docs/clients.md are checked in CI
 without grpcurl installed.
 """
 

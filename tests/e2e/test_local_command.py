@@ -112,7 +112,7 @@ def test_bad_configurations_fail_in_one_line_before_anything_starts(
         heraldps_local(*[paths.get(a, a) for a in args], "--workdir", str(workdir)),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode != 0
+    assert done.returncode == 2  # a bad command line or configuration, as argparse's
     assert message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not workdir.exists()  # no process was started

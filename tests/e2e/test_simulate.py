@@ -89,6 +89,7 @@ def test_simulate_runs_on_the_bundled_sample_by_default() -> None:
         (["--cache-fraction", "0"], "argument --cache-fraction: must be in (0, 1], got 0"),
         (["--format", "csv", "--data", "CSV"], "--format csv needs --sparse-columns"),
         (["--cache-fraction", "0.01"], "use --cache-fraction 0.0"),
+        (["--batch-size-per-worker", "100000"], "fewer than one global batch of 800,000"),
     ],
 )
 def test_simulate_refuses_bad_configurations_in_one_line(

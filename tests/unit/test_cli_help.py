@@ -32,11 +32,11 @@ def test_the_top_level_help_lists_every_command_with_a_line() -> None:
 
 def test_a_usage_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args(["local", "--workers", "0"])
+        build_parser().parse_args(["local", "--shards", "0"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [
-        "heraldps local: error: argument --workers: must be >= 1, got 0 "
+        "heraldps local: error: argument --shards: must be >= 1, got 0 "
         "(see 'heraldps local --help')"
     ]
 
