@@ -16,6 +16,7 @@ push could apply a gradient twice).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import threading
@@ -60,38 +61,9 @@ def start(
     policy: RetryPolicy,
 ) -> Future[Any]:
     """Start ``rpc(request)`` now; the future holds the response or a typed error."""
-    out: Future[Any] = _running()
-
-    def attempt(n: int) -> None:
-        try:
-            call = rpc.future(request, timeout=timeout)
-        except BaseException as exc:  # e.g. a closed channel: fail the future, never hang
-            out.set_exception(exc)
-            return
-        call.add_done_callback(lambda done: in_callback(finish, done, n))
-
-    def finish(done: grpc.Future[Any], n: int) -> None:
-        try:
-            out.set_result(done.result())
-            return
-        except grpc.RpcError as err:
-            error = error_from_rpc(err, address)
-        except grpc.FutureCancelledError:
-            out.set_exception(Cancelled("cancelled before an answer", reason="", address=address))
-            return
-        except BaseException as exc:
-            out.set_exception(exc)
-            return
-        wait = policy.delay(error, n, idempotent)
-        if wait is None:
-            out.set_exception(error)
-            return
-        timer = threading.Timer(wait, attempt, (n + 1,))
-        timer.daemon = True
-        timer.start()
-
-    attempt(0)
-    return out
+    call = _Call(rpc, request, timeout, address, idempotent, policy)
+    call.attempt(0)
+    return call.out
 
 
 def gather(
@@ -99,29 +71,96 @@ def gather(
 ) -> Future[Result]:
     """One future for all ``parts``: ``combine`` of their results in order, once every
     part is done, or the first failed part's error (in part order)."""
-    out: Future[Result] = _running()
-    remaining = len(parts)
-    lock = threading.Lock()
-
-    def resolve() -> None:
-        try:
-            out.set_result(combine([part.result() for part in parts]))
-        except BaseException as exc:
-            out.set_exception(exc)
-
-    def one_done(_: Future[Part]) -> None:
-        nonlocal remaining
-        with lock:
-            remaining -= 1
-            last = remaining == 0
-        if last:
-            resolve()
-
+    gathering = _Gathering(len(parts), combine)
     if not parts:
-        resolve()
-    for part in parts:
-        part.add_done_callback(one_done)
-    return out
+        gathering.resolve()
+    for i, part in enumerate(parts):
+        part.add_done_callback(functools.partial(gathering.one_done, i))
+    return gathering.out
+
+
+# The two helpers below hold no reference back to the futures that call them: a
+# cycle would keep every response (megabytes per pull) alive until the cyclic
+# garbage collector runs, and each pull would then fault in fresh memory.
+
+
+class _Call:
+    """One RPC and its retries, resolving ``out``."""
+
+    def __init__(
+        self,
+        rpc: grpc.UnaryUnaryMultiCallable[Any, Any],
+        request: Any,
+        timeout: float,
+        address: str,
+        idempotent: bool,
+        policy: RetryPolicy,
+    ) -> None:
+        self.rpc, self.request, self.timeout = rpc, request, timeout
+        self.address, self.idempotent, self.policy = address, idempotent, policy
+        self.out: Future[Any] = _running()
+
+    def attempt(self, n: int) -> None:
+        try:
+            call = self.rpc.future(self.request, timeout=self.timeout)
+        except BaseException as exc:  # e.g. a closed channel: fail the future, never hang
+            self.out.set_exception(exc)
+            return
+        call.add_done_callback(functools.partial(self.finish, n))
+
+    def finish(self, n: int, done: grpc.Future[Any]) -> None:
+        with _in_callback():
+            try:
+                self.out.set_result(done.result())
+                return
+            except grpc.RpcError as err:
+                error = error_from_rpc(err, self.address)
+            except grpc.FutureCancelledError:
+                error = Cancelled("cancelled before an answer", reason="", address=self.address)
+            except BaseException as exc:
+                self.out.set_exception(exc)
+                return
+            pause = self.policy.delay(error, n, self.idempotent)
+            if pause is None:
+                self.out.set_exception(error)
+                return
+        timer = threading.Timer(pause, self.attempt, (n + 1,))
+        timer.daemon = True
+        timer.start()
+
+
+class _Gathering:
+    """Outcomes of ``count`` parts by position; ``out`` resolves after the last one."""
+
+    def __init__(self, count: int, combine: Callable[[list[Any]], Any]) -> None:
+        self.combine = combine
+        self.results: list[Any] = [None] * count
+        self.errors: list[BaseException | None] = [None] * count
+        self.remaining = count
+        self.lock = threading.Lock()
+        self.out: Future[Any] = _running()
+
+    def one_done(self, i: int, part: Future[Any]) -> None:
+        error = part.exception()
+        if error is None:
+            self.results[i] = part.result()
+        self.errors[i] = error
+        with self.lock:
+            self.remaining -= 1
+            last = self.remaining == 0
+        if last:
+            self.resolve()
+
+    def resolve(self) -> None:
+        results, self.results = self.results, []
+        error = next((e for e in self.errors if e is not None), None)
+        if error is not None:
+            self.out.set_exception(error)
+            return
+        try:
+            self.out.set_result(self.combine(results))
+        except BaseException as exc:
+            self.out.set_exception(exc)
 
 
 def wait(future: Future[Result]) -> Result:
@@ -134,12 +173,13 @@ def wait(future: Future[Result]) -> Result:
     return future.result()
 
 
-def in_callback(function: Callable[Args, None], *args: Args.args, **kwargs: Args.kwargs) -> None:
-    """Run ``function`` marked as a gRPC callback (see ``wait``)."""
+@contextlib.contextmanager
+def _in_callback() -> Iterator[None]:
+    """Mark this thread as running a gRPC callback of ours (see ``wait``)."""
     outer = getattr(_callback, "active", False)
     _callback.active = True
     try:
-        function(*args, **kwargs)
+        yield
     finally:
         _callback.active = outer
 
@@ -172,10 +212,10 @@ def stream(
             return list(call())
         except grpc.RpcError as err:
             error = error_from_rpc(err, address)
-        wait = policy.delay(error, attempt, idempotent)
-        if wait is None:
+        pause = policy.delay(error, attempt, idempotent)
+        if pause is None:
             raise error
-        time.sleep(wait)
+        time.sleep(pause)
         attempt += 1
 
 
