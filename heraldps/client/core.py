@@ -96,14 +96,8 @@ class ShardClient:
     def _unary(self, shard: int, method: str, request: Any, idempotent: bool) -> Future[Any]:
         """Start one RPC on ``shard`` now; the future holds its response or typed error."""
         call = self._raw_pulls[shard] if method == "Pull" else getattr(self._stubs[shard], method)
-        return rpc.start(
-            call,
-            request,
-            timeout=self.timeout,
-            address=self.addresses[shard],
-            idempotent=idempotent,
-            policy=self._policy,
-        )
+        address = self.addresses[shard]
+        return rpc.Call(call, request, self.timeout, address, idempotent, self._policy).start()
 
     def _all_shards(self, method: str, request: Any, idempotent: bool = True) -> list[Any]:
         """``request`` sent to every shard at once; the responses in shard order."""

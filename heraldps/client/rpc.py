@@ -1,6 +1,6 @@
 """RPCs as futures: one call with its retries, and many calls as one result.
 
-The client's only async mechanism. ``start`` issues a unary RPC as a gRPC
+The client's only async mechanism. ``Call.start`` issues a unary RPC as a gRPC
 future and resolves a ``concurrent.futures.Future`` with its response, or with
 the typed error (``heraldps.errors``) once no retry is allowed; ``gather``
 resolves when every part is done, combining the responses in part order. No
@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import grpc
@@ -35,6 +35,13 @@ _callback = threading.local()  # .active: this thread is running a gRPC callback
 Part = TypeVar("Part")
 Result = TypeVar("Result")
 Args = ParamSpec("Args")
+
+
+def _running() -> Future[Any]:
+    """A future in the RUNNING state: resolved only by our callbacks, never cancelled."""
+    out: Future[Any] = Future()
+    out.set_running_or_notify_cancel()
+    return out
 
 
 @dataclass(frozen=True)
@@ -51,21 +58,6 @@ class RetryPolicy:
         return self.backoff_seconds * (2.0**attempt) * (0.5 + random.random())
 
 
-def start(
-    rpc: grpc.UnaryUnaryMultiCallable[Any, Any],
-    request: Any,
-    *,
-    timeout: float,
-    address: str,
-    idempotent: bool,
-    policy: RetryPolicy,
-) -> Future[Any]:
-    """Start ``rpc(request)`` now; the future holds the response or a typed error."""
-    call = _Call(rpc, request, timeout, address, idempotent, policy)
-    call.attempt(0)
-    return call.out
-
-
 def gather(
     parts: Sequence[Future[Part]], combine: Callable[[list[Part]], Result]
 ) -> Future[Result]:
@@ -79,26 +71,27 @@ def gather(
     return gathering.out
 
 
-# The two helpers below hold no reference back to the futures that call them: a
+# Call and _Gathering hold no reference back to the futures that call them: a
 # cycle would keep every response (megabytes per pull) alive until the cyclic
 # garbage collector runs, and each pull would then fault in fresh memory.
 
 
-class _Call:
-    """One RPC and its retries, resolving ``out``."""
+@dataclass
+class Call:
+    """One unary RPC and its retries; ``start()`` sends it and returns the future of
+    its response or typed error."""
 
-    def __init__(
-        self,
-        rpc: grpc.UnaryUnaryMultiCallable[Any, Any],
-        request: Any,
-        timeout: float,
-        address: str,
-        idempotent: bool,
-        policy: RetryPolicy,
-    ) -> None:
-        self.rpc, self.request, self.timeout = rpc, request, timeout
-        self.address, self.idempotent, self.policy = address, idempotent, policy
-        self.out: Future[Any] = _running()
+    rpc: grpc.UnaryUnaryMultiCallable[Any, Any]
+    request: Any
+    timeout: float
+    address: str
+    idempotent: bool
+    policy: RetryPolicy
+    out: Future[Any] = field(default_factory=_running, init=False)
+
+    def start(self) -> Future[Any]:
+        self.attempt(0)
+        return self.out
 
     def attempt(self, n: int) -> None:
         try:
@@ -217,10 +210,3 @@ def stream(
             raise error
         time.sleep(pause)
         attempt += 1
-
-
-def _running() -> Future[Any]:
-    """A future in the RUNNING state: resolved only by our callbacks, never cancelled."""
-    out: Future[Any] = Future()
-    out.set_running_or_notify_cancel()
-    return out
