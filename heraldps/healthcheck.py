@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from heraldps.errors import DeadlineExceeded, NotFound, Unavailable, Unimplemented, error_from_rpc
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -39,18 +41,16 @@ def check(address: str, service: str = "", timeout: float = 5.0) -> Health:
 
 
 def _explain(err: grpc.RpcError, service: str, timeout: float) -> str:
-    code = err.code() if hasattr(err, "code") else None
-    details = err.details() if hasattr(err, "details") else str(err)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return f"not reachable ({details}); is the process running and listening there?"
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+    error = error_from_rpc(err)
+    if isinstance(error, Unavailable):
+        return f"not reachable ({error.message}); is the process running and listening there?"
+    if isinstance(error, DeadlineExceeded):
         return f"no answer within {timeout:g} s; raise --timeout or check the process"
-    if code == grpc.StatusCode.NOT_FOUND:
+    if isinstance(error, NotFound):
         return f"the server does not know the service {service!r}; leave --service empty"
-    if code == grpc.StatusCode.UNIMPLEMENTED:
+    if isinstance(error, Unimplemented):
         return "no gRPC health service there; is this a heraldps process?"
-    name = code.name if code is not None else "error"
-    return f"health check failed: {name} {details}"
+    return f"health check failed: {error.code.name} {error.message}"
 
 
 def wait_serving(address: str, service: str, deadline: float, poll: float = 0.2) -> Health:

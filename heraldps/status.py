@@ -1,4 +1,9 @@
-"""Domain errors -> gRPC status codes, in one table, for every heraldps servicer."""
+"""One decorator for every heraldps RPC handler: timing, metrics, errors -> statuses.
+
+A domain error's class gives the code (``HeraldError.code``); the status also
+carries an AIP-193 ``ErrorInfo`` (``heraldps.errors.to_rpc_status``), so any
+gRPC client reads the reason, and ``PSClient`` raises the same class again.
+"""
 
 from __future__ import annotations
 
@@ -11,36 +16,9 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from heraldps.errors import (
-    FailedPrecondition,
-    HeraldError,
-    InvalidArgument,
-    ResourceExhausted,
-    StaleIteration,
-    TableExists,
-    UnknownTable,
-    VersionConflict,
-)
+from heraldps.errors import HeraldError, Internal, to_rpc_status
 
 log = logging.getLogger(__name__)
-
-STATUS_OF: dict[type[HeraldError], grpc.StatusCode] = {
-    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    UnknownTable: grpc.StatusCode.NOT_FOUND,
-    TableExists: grpc.StatusCode.ALREADY_EXISTS,
-    StaleIteration: grpc.StatusCode.FAILED_PRECONDITION,
-    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-    VersionConflict: grpc.StatusCode.ABORTED,
-    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
-
-
-def status_of(exc: HeraldError) -> grpc.StatusCode:
-    """The code of the most specific class of ``exc`` in STATUS_OF."""
-    for cls in type(exc).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]
-    return grpc.StatusCode.INTERNAL
 
 
 class RecordsRpcs(Protocol):
@@ -56,13 +34,17 @@ def _handling(servicer: RecordsRpcs, name: str, context: grpc.ServicerContext) -
     code = grpc.StatusCode.OK
     try:
         yield
-    except HeraldError as exc:
-        code = status_of(exc)
-        context.abort(code, str(exc))
-    except Exception:
-        code = grpc.StatusCode.INTERNAL
-        log.exception("%s failed", name)
-        context.abort(code, f"{name}: internal error (see the server's log)")
+    except Exception as exc:
+        # An error with an address was answered by a server this one called (the
+        # scheduler's PSClient): passing its code on would blame our caller, so it is
+        # an internal error here, like any bug.
+        if isinstance(exc, HeraldError) and not exc.address:
+            error: HeraldError = exc
+        else:
+            log.exception("%s failed", name)
+            error = Internal(f"{name}: internal error (see the server's log)")
+        code = error.code
+        context.abort_with_status(to_rpc_status(error))
     finally:
         servicer.record_rpc(name, code, time.perf_counter() - started)
 

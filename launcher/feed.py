@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset
-from heraldps.errors import HeraldError
+from heraldps.errors import Aborted, AlreadyExists, HeraldError, ResourceExhausted, error_from_rpc
 from heraldps.healthcheck import wait_serving
 from heraldps.samples import encode_samples
 from heraldps.serving import channel_options
@@ -82,8 +82,9 @@ def submit_batches(
                 stub.SubmitBatch(request, timeout=timeout)
                 break
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    raise
+                error = error_from_rpc(err, "scheduler")
+                if not isinstance(error, ResourceExhausted):
+                    raise error from err
             if patience is not None and time.monotonic() - waiting_since > patience:
                 raise FeedError(
                     f"the scheduler accepted no batch for {patience:g} s (its backlog stays "
@@ -182,16 +183,14 @@ def _create_tables(ps: PSClient, job: TrainingJob) -> None:
     """The job's tables, as ``heraldps local`` creates them; an existing same spec is fine."""
     try:
         job.create_tables(ps)
-    except grpc.RpcError as err:
-        if err.code() == grpc.StatusCode.ALREADY_EXISTS:
-            raise FeedError(
-                f"the PS already has a table of this name with another spec ({err.details()}): "
-                "these shards hold another job's tables; start them empty"
-            ) from None
-        if err.code() != grpc.StatusCode.ABORTED:
-            raise
+    except AlreadyExists as err:
+        raise FeedError(
+            f"the PS already has a table of this name with another spec ({err.message}): "
+            "these shards hold another job's tables; start them empty"
+        ) from None
+    except Aborted:
         # The dense rows' initial values are written only while the rows are untouched
-        # (version 0): ABORTED means this run already trained them. Keep them.
+        # (version 0): a VersionConflict means this run already trained them. Keep them.
         log.info("dense rows already trained by this run; tables kept as they are")
 
 

@@ -1,8 +1,8 @@
 """gRPC servicer of heraldps.v1.ParameterServer: wire <-> NumPy, errors -> status codes.
 
 The servicer holds no logic of its own: it decodes and validates requests,
-calls the store, and maps domain errors to status codes in one table
-(``heraldps.status.STATUS_OF``, shared by every servicer).
+calls the store, and leaves domain errors to ``heraldps.status`` (the error's
+class gives the status code, shared by every servicer).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ from scheduler_service.scheduler import SampleScheduler, Scheduler
 class UnknownWorker(InvalidArgument):
     """A worker id outside 0..num_workers-1."""
 
+    reason = "UNKNOWN_WORKER"
+
 
 class Barrier:
     """Plans in, reports in, commits out."""

@@ -24,7 +24,7 @@ import grpc
 import numpy as np
 
 from heraldps.client import PSClient
-from heraldps.errors import HeraldError
+from heraldps.errors import HeraldError, Unavailable, error_from_rpc
 from heraldps.modes import HET_MODE
 from heraldps.plan import plan_from_proto
 from heraldps.serving import channel_options
@@ -109,11 +109,11 @@ def run_worker(config: WorkerConfig) -> int:
                     **traffic.as_dict(),
                 }
             )
-    except grpc.RpcError as err:
-        log.error("worker %d: %s failed: %s %s", w, _what(err), err.code().name, err.details())
+    except grpc.RpcError as err:  # the scheduler's stub
+        log.error("worker %d: %s", w, _what(error_from_rpc(err, config.scheduler)))
         return 1
-    except HeraldError as err:
-        log.error("worker %d: %s", w, err)
+    except HeraldError as err:  # from a PS shard (PSClient) or the worker itself
+        log.error("worker %d: %s", w, _what(err))
         return 1
     finally:
         ps.close()
@@ -124,9 +124,9 @@ def run_worker(config: WorkerConfig) -> int:
     return 0
 
 
-def _what(err: grpc.RpcError) -> str:
-    """Which side an RPC error came from, for the log line."""
-    code = err.code() if hasattr(err, "code") else None
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return "an RPC (scheduler or PS shard unreachable)"
-    return "an RPC"
+def _what(err: HeraldError) -> str:
+    """The log line of an error: for an RPC's, which server answered and the code."""
+    if not err.address:
+        return str(err)
+    unreachable = " (unreachable)" if isinstance(err, Unavailable) else ""
+    return f"an RPC to {err.address}{unreachable} failed: {err.code.name} {err.message}"

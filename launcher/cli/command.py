@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from heraldps.errors import HeraldError, InvalidArgument
+from heraldps.errors import HeraldError, InvalidArgument, error_from_rpc
 
 USAGE_ERROR = 2  # argparse's code for a bad command line; ours for a bad configuration
 
@@ -41,10 +41,9 @@ class Command:
         except (HeraldError, ValueError, OSError) as exc:
             self._say(str(exc))
             return self.failure_code
-        except grpc.RpcError as err:
-            code = err.code().name if hasattr(err, "code") else "error"
-            details = err.details() if hasattr(err, "details") else str(err)
-            self._say(f"an RPC failed: {code} {details}")
+        except grpc.RpcError as err:  # a stub called directly (the scheduler's)
+            error = error_from_rpc(err)
+            self._say(f"an RPC failed: {error.code.name} {error.message}")
             return self.failure_code
 
     def _say(self, message: str) -> None:

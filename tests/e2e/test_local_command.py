@@ -56,7 +56,9 @@ def test_local_wide_view_has_every_count(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "written back" in out and "incl. flush" in out and "PS agrees" in out
-    assert "naive: iteration 1/3" in out and "naive: iteration 2/3" in out
+    # A line for each committed iteration the launcher sees (every 0.05 s; under load two
+    # commits can fall between two looks), always the last one, and the mode's end.
+    assert "naive: iteration 3/3" in out and "naive: done, 3 iterations" in out
 
 
 def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:

@@ -15,7 +15,7 @@ import pytest
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient, read_keyset
 from heraldps.datasets import read_dataset
-from heraldps.errors import FailedPrecondition
+from heraldps.errors import FailedPrecondition, ResourceExhausted, StaleIteration
 from heraldps.init import Normal
 from heraldps.optim import AdaGrad, Adam
 from ps_server.cached_store import CachedStore
@@ -94,9 +94,10 @@ def test_a_restarted_shard_serves_the_last_commit(tmp_path: Path) -> None:
         after = all_rows(ps, "emb")
         for x, y in zip(before, after, strict=True):
             assert np.array_equal(x, y)
-        with pytest.raises(grpc.RpcError) as err:  # iteration 4 is durable
+        with pytest.raises(StaleIteration) as err:  # iteration 4 is durable
             ps.commit(3)
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.value.reason == "STALE_ITERATION"
         ps.commit(5)  # the uncommitted push of iteration 5 died with the process
         for x, y in zip(before[1:4], all_rows(ps, "emb")[1:4], strict=True):
             assert np.array_equal(x, y)
@@ -136,10 +137,11 @@ def test_disk_full_is_resource_exhausted_and_changes_nothing(tmp_path: Path) -> 
         ps.create_table("emb", dim=64, optimizer=AdaGrad(lr=0.1))
         keys = np.arange(20_000)
         ps.push_gradients("emb", keys, np.ones((20_000, 64), np.float32), 0)
-        with pytest.raises(grpc.RpcError) as err:
+        with pytest.raises(ResourceExhausted) as err:
             ps.commit(0)
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "max-disk-gb" in (err.value.details() or "")
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert err.value.reason == "RESOURCE_EXHAUSTED"
+        assert "max-disk-gb" in err.value.message
         assert ps.describe_table("emb").rows == 0
         assert PSClient([f"127.0.0.1:{server.port}"]).versions("emb", keys[:5]).tolist() == [0] * 5
     finally:
@@ -257,10 +259,11 @@ def files_under(root: Path) -> dict[str, bytes | None]:
 
 def refused_save(ps: PSClient, path: Path | str) -> str:
     """Save to ``path``, expect FAILED_PRECONDITION, return the message."""
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(FailedPrecondition) as err:
         ps.save(str(path))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    return err.value.details() or ""
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.reason == "FAILED_PRECONDITION"
+    return err.value.message
 
 
 def test_save_into_the_data_dir_is_refused_and_every_commit_survives(

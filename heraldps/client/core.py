@@ -1,0 +1,267 @@
+"""``ShardClient``: the routing and transport core of ``PSClient`` (ps-lite's KVWorker).
+
+It holds one channel per shard, routes each key to its shard with the
+servers' hash, sends every shard its part at once, splits parts above the
+message limit into several requests, and reassembles results in the caller's
+key order. NumPy in, NumPy out; no loop over keys in Python. Every call is a
+future of gRPC futures (``rpc``); the blocking methods wait on it.
+
+A request that spans several shards is atomic per shard, not across shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from heraldps import wire
+from heraldps.client import rpc
+from heraldps.client.routing import Index, as_keys, as_rows, count, plan_requests
+from heraldps.serving import channel_options
+from heraldps.v1 import ps_pb2, ps_pb2_grpc
+
+# Leave room for protobuf framing inside the message limit.
+_MESSAGE_FILL = 0.9
+_PULL_FIELDS = ps_pb2.PullResponse.DESCRIPTOR.fields_by_name
+_VALUES, _VERSIONS, _STATE = (_PULL_FIELDS[f].number for f in ("values", "versions", "state"))
+
+Pulled = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.float32]]
+Self = TypeVar("Self", bound="ShardClient")
+
+
+class ShardClient:
+    """A connection to every shard of a cluster, in shard order."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        max_message_mb: int = 64,
+        timeout: float = 120.0,
+        retries: int = 5,
+        backoff_seconds: float = 0.05,
+    ) -> None:
+        if not addresses:
+            raise ValueError("PSClient needs at least one shard address, e.g. ['127.0.0.1:7001']")
+        self.addresses = list(addresses)
+        self.max_message_bytes = max_message_mb * 2**20
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff_seconds = backoff_seconds
+        self._policy = rpc.RetryPolicy(retries, backoff_seconds)
+        options = channel_options(self.max_message_bytes)
+        self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
+        self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
+        # Pull answers arrive as raw bytes and are decoded straight into NumPy
+        # (wire.decode_message): two fewer copies of the bulk payload.
+        self._raw_pulls: list[grpc.UnaryUnaryMultiCallable[ps_pb2.PullRequest, bytes]] = [
+            c.unary_unary(
+                "/heraldps.v1.ParameterServer/Pull",
+                request_serializer=ps_pb2.PullRequest.SerializeToString,
+                response_deserializer=None,
+            )
+            for c in self._channels
+        ]
+        self._widths: dict[str, tuple[int, int]] = {}
+        self._shard_limit: int | None = None
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._stubs)
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def __enter__(self: Self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until every shard's channel is connected."""
+        for address, channel in zip(self.addresses, self._channels, strict=True):
+            try:
+                grpc.channel_ready_future(channel).result(timeout=timeout)
+            except grpc.FutureTimeoutError:
+                raise TimeoutError(f"shard {address} not reachable within {timeout}s") from None
+
+    # ----- transport --------------------------------------------------------
+    def _unary(self, shard: int, method: str, request: Any, idempotent: bool) -> Future[Any]:
+        """Start one RPC on ``shard`` now; the future holds its response or typed error."""
+        call = self._raw_pulls[shard] if method == "Pull" else getattr(self._stubs[shard], method)
+        address = self.addresses[shard]
+        return rpc.Call(call, request, self.timeout, address, idempotent, self._policy).start()
+
+    def _all_shards(self, method: str, request: Any, idempotent: bool = True) -> list[Any]:
+        """``request`` sent to every shard at once; the responses in shard order."""
+        calls = [self._unary(s, method, request, idempotent) for s in range(self.num_shards)]
+        return rpc.wait(rpc.gather(calls, list))
+
+    def _message_limit(self) -> int:
+        """The smallest message limit of this client and every shard (asked once)."""
+        if self._shard_limit is None:
+            infos = self._all_shards("GetShardInfo", ps_pb2.GetShardInfoRequest())
+            self._shard_limit = min(i.max_message_bytes or self.max_message_bytes for i in infos)
+        return min(self.max_message_bytes, self._shard_limit)
+
+    def _widths_of(self, table: str) -> tuple[int, int]:
+        """(dim, state width) of ``table``, asked once per table."""
+        if table not in self._widths:
+            request = ps_pb2.DescribeTableRequest(table=table)
+            info = rpc.wait(self._unary(0, "DescribeTable", request, idempotent=True))
+            self._widths[table] = (info.spec.dim, info.state_width)
+        return self._widths[table]
+
+    def _requests(self, keys: npt.NDArray[np.int64], row_bytes: int) -> list[tuple[int, Index]]:
+        """(shard, index into ``keys``) of each request, each under the message limit."""
+        per_request = max(1, int(self._message_limit() * _MESSAGE_FILL) // max(row_bytes, 1))
+        return plan_requests(keys, self.num_shards, per_request)
+
+    # ----- pull -------------------------------------------------------------
+    def pull(
+        self, table: str, keys: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Values ``float32 [n, dim]`` and versions ``int64 [n]`` of ``keys``, in order."""
+        values, versions, _ = rpc.wait(self._pull(table, keys, with_state=False))
+        return values, versions
+
+    def pull_with_state(self, table: str, keys: npt.ArrayLike) -> Pulled:
+        """Values, versions and optimizer state ``float32 [n, state_width]`` of ``keys``."""
+        return rpc.wait(self._pull(table, keys, with_state=True))
+
+    def pull_async(
+        self, table: str, keys: npt.ArrayLike
+    ) -> Future[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]]:
+        """``pull`` without waiting; the future resolves to (values, versions) or the error.
+
+        The first call for a table asks a shard for its width before returning.
+        """
+        return rpc.gather([self._pull(table, keys, with_state=False)], lambda r: r[0][:2])
+
+    @rpc.reports_errors
+    def _pull(self, table: str, keys: npt.ArrayLike, with_state: bool) -> Future[Pulled]:
+        keys = as_keys(keys)
+        n = keys.shape[0]
+        dim, state_width = self._widths_of(table)
+        sw = state_width if with_state else 0
+        requests = self._requests(keys, 8 + 4 * (dim + sw))
+        calls = [
+            self._unary(shard, "Pull", ps_pb2.PullRequest(
+                table=table, keys=wire.encode_keys(keys[index]), with_state=with_state), True)
+            for shard, index in requests
+        ]  # fmt: skip
+
+        def assemble(answers: list[bytes]) -> Pulled:
+            values = np.empty((n, dim), dtype=np.float32)
+            versions = np.empty(n, dtype=np.int64)
+            state = np.empty((n, sw), dtype=np.float32)
+            for (_, index), answer in zip(requests, answers, strict=True):
+                fields = wire.decode_message(answer)
+                rows = count(index, n)
+                values[index] = wire.decode_rows(
+                    wire.len_field(fields, _VALUES), rows, dim, "values", check_finite=False
+                )
+                versions[index] = wire.decode_keys(wire.len_field(fields, _VERSIONS), "versions")
+                if with_state:
+                    state[index] = wire.decode_rows(
+                        wire.len_field(fields, _STATE), rows, sw, "state", check_finite=False
+                    )
+            return values, versions, state
+
+        return rpc.gather(calls, assemble)
+
+    def versions(self, table: str, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Clocks ``int64 [n]`` of ``keys`` in order, without their rows (0: never seen)."""
+        keys = as_keys(keys)
+        requests = self._requests(keys, 16)
+        calls = [
+            self._unary(shard, "GetVersions", ps_pb2.GetVersionsRequest(
+                table=table, keys=wire.encode_keys(keys[index])), idempotent=True)
+            for shard, index in requests
+        ]  # fmt: skip
+
+        def assemble(answers: list[ps_pb2.GetVersionsResponse]) -> npt.NDArray[np.int64]:
+            out = np.empty(keys.shape[0], dtype=np.int64)
+            for (_, index), answer in zip(requests, answers, strict=True):
+                out[index] = wire.decode_keys(answer.versions, "versions")
+            return out
+
+        return rpc.wait(rpc.gather(calls, assemble))
+
+    # ----- push / commit / write-back ----------------------------------------
+    def push_gradients(
+        self, table: str, keys: npt.ArrayLike, grads: npt.ArrayLike, iteration: int
+    ) -> None:
+        """Add ``grads [n, dim]`` to iteration ``iteration``'s buffer (duplicates summed)."""
+        rpc.wait(self.push_gradients_async(table, keys, grads, iteration))
+
+    @rpc.reports_errors
+    def push_gradients_async(
+        self, table: str, keys: npt.ArrayLike, grads: npt.ArrayLike, iteration: int
+    ) -> Future[None]:
+        """``push_gradients`` without waiting; the future resolves to None or the error."""
+        keys = as_keys(keys)
+        dim, _ = self._widths_of(table)
+        grads = as_rows(grads, keys.shape[0], dim, "grads")
+        calls = [
+            self._unary(shard, "PushGradients", ps_pb2.PushGradientsRequest(
+                table=table, iteration=iteration, keys=wire.encode_keys(keys[index]),
+                grads=wire.encode_floats(grads[index])), idempotent=False)
+            for shard, index in self._requests(keys, 8 + 4 * dim)
+        ]  # fmt: skip
+        return rpc.gather(calls, _nothing)
+
+    def commit(self, iteration: int) -> int:
+        """Commit ``iteration`` on every shard; return the rows updated (0 if already done)."""
+        responses = self._all_shards("Commit", ps_pb2.CommitRequest(iteration=iteration))
+        return sum(r.rows_updated for r in responses)
+
+    def committed_iteration(self) -> int:
+        """The oldest last-committed iteration over the shards (-1 before any commit)."""
+        return min(self.shard_committed_iterations())
+
+    def shard_committed_iterations(self) -> list[int]:
+        """Each shard's last committed iteration, in shard order (-1 before any commit)."""
+        infos = self._all_shards("GetShardInfo", ps_pb2.GetShardInfoRequest())
+        return [int(info.committed_iteration) for info in infos]
+
+    def write_back(
+        self,
+        table: str,
+        keys: npt.ArrayLike,
+        values: npt.ArrayLike,
+        state: npt.ArrayLike | None,
+        base_versions: npt.ArrayLike,
+        new_versions: npt.ArrayLike,
+    ) -> None:
+        """Store rows a worker updated where each stored version equals its base (else
+        ``VersionConflict``)."""
+        keys = as_keys(keys)
+        n = keys.shape[0]
+        dim, state_width = self._widths_of(table)
+        values = as_rows(values, n, dim, "values")
+        state = as_rows(
+            np.empty((n, 0), np.float32) if state is None else state, n, state_width, "state"
+        )
+        base = as_keys(base_versions)
+        new = as_keys(new_versions)
+        calls = [
+            self._unary(shard, "WriteBack", ps_pb2.WriteBackRequest(
+                table=table, keys=wire.encode_keys(keys[index]),
+                values=wire.encode_floats(values[index]), state=wire.encode_floats(state[index]),
+                base_versions=wire.encode_keys(base[index]),
+                new_versions=wire.encode_keys(new[index])), idempotent=False)
+            for shard, index in self._requests(keys, 24 + 4 * (dim + state_width))
+        ]  # fmt: skip
+        rpc.wait(rpc.gather(calls, _nothing))
+
+
+def _nothing(_: list[Any]) -> None:
+    return None

@@ -1,0 +1,60 @@
+"""Which request carries which keys: split by shard, then by the message limit.
+
+Pure NumPy on the caller's arrays, no gRPC: each request is a (shard, index)
+pair, where ``keys[index]`` are the request's keys and ``out[index] = part``
+puts its results back in the caller's order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.sharding import split_by_shard
+
+Index = npt.NDArray[np.intp] | slice
+
+
+def plan_requests(
+    keys: npt.NDArray[np.int64], num_shards: int, per_request: int
+) -> list[tuple[int, Index]]:
+    """(shard, index) of each request, at most ``per_request`` keys each.
+
+    With one shard the index is a slice, so requests and results are plain
+    contiguous copies instead of gathers and scatters.
+    """
+    if num_shards == 1:
+        n = keys.shape[0]
+        return [(0, slice(s, min(s + per_request, n))) for s in range(0, n, per_request)]
+    order, slices = split_by_shard(keys, num_shards)
+    plan: list[tuple[int, Index]] = []
+    for shard, part in enumerate(slices):
+        positions = order[part]
+        for start in range(0, positions.shape[0], per_request):
+            plan.append((shard, positions[start : start + per_request]))
+    return plan
+
+
+def count(index: Index, total: int) -> int:
+    """How many keys ``index`` selects out of ``total``."""
+    if isinstance(index, slice):
+        return len(range(*index.indices(total)))
+    return int(index.shape[0])
+
+
+def as_keys(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """The caller's keys (or versions) as contiguous int64, ValueError if they are not."""
+    array = np.asarray(keys)
+    if array.ndim != 1:
+        raise ValueError(f"keys must be 1-D, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"keys must be integers, got {array.dtype}")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def as_rows(rows: npt.ArrayLike, n: int, width: int, what: str) -> npt.NDArray[np.float32]:
+    """The caller's rows as contiguous float32 ``[n, width]``, ValueError naming ``what``."""
+    array = np.ascontiguousarray(rows, dtype=np.float32)
+    if array.shape != (n, width):
+        raise ValueError(f"{what} must have shape ({n}, {width}), got {array.shape}")
+    return array
