@@ -68,8 +68,7 @@ class ModeResult:
     def report(self) -> dict[str, Any]:
         """The mode's figures as ``--json`` writes them (rows, bytes, quality, speed)."""
         t, b = self.traffic, self.row_bytes
-        # The final flush is a write-back under a plan, a gradient push under HET.
-        flush_bytes = b["grad_push"] if self.mode == "het" else b["write_back"]
+        flush_bytes = b["final_flush"]
         pushes = t["grad_pushes"] + t["write_backs"]
         bytes_pulled = t["pulls"] * b["pull"]
         bytes_pushed = t["grad_pushes"] * b["grad_push"] + t["write_backs"] * b["write_back"]
@@ -229,7 +228,7 @@ def run_mode(
             per_iteration=per_iteration,
             auc=auc_value,
             logloss=logloss_value,
-            row_bytes=job.row_bytes(),
+            row_bytes=job.row_bytes(mode),
             model=kept,
         )
     finally:

@@ -20,6 +20,7 @@ from heraldps.client import DENSE_ROW_WIDTH, DenseParameter, PSClient
 from heraldps.datasets import FORMATS, SparseDataset, default_columns, read_dataset
 from heraldps.errors import InvalidArgument
 from heraldps.init import Normal
+from heraldps.modes import HET_MODE
 from heraldps.optim import SGD, AdaGrad, Adam, Optimizer
 from worker_client.model import DeepFM, ModelConfig
 
@@ -105,15 +106,18 @@ class TrainingJob:
         # near lr * noise / eps.
         return Adam(lr=lr, eps=1e-6)
 
-    def row_bytes(self) -> dict[str, int]:
-        """Payload bytes of one embedding row per direction: keys and versions 8, floats 4."""
+    def row_bytes(self, mode: str) -> dict[str, int]:
+        """Payload bytes of one embedding row per direction in ``mode``: keys and versions 8,
+        floats 4. The final flush is a write-back under a plan, a gradient push under HET."""
         dim = self.embedding_dim
         state = self.make_optimizer().state_width(dim)
-        return {
+        sizes = {
             "pull": 8 + 8 + 4 * (dim + state),
             "grad_push": 8 + 4 * dim,
             "write_back": 8 + 8 + 8 + 4 * (dim + state),
         }
+        sizes["final_flush"] = sizes["grad_push" if mode == HET_MODE else "write_back"]
+        return sizes
 
     def make_initializer(self) -> Normal:
         return Normal(std=0.01, seed=self.seed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from heraldps.modes import HET_MODE
 from heraldps.traffic import Traffic
 from worker_client.cache import EmbeddingCache
 
@@ -109,13 +110,11 @@ class WorkerMetrics:
     ) -> None:
         """Label values and constants, known once the scheduler answered RegisterWorker.
 
-        ``row_bytes``: payload bytes per row of a pull, a gradient push and a write-back.
+        ``row_bytes``: payload bytes per row of each kind (``TrainingJob.row_bytes(mode)``).
         Every series starts at 0, so a dashboard sees all of them from the first scrape.
         """
         labels = self._labels = (str(worker), mode)
-        # The final flush is a write-back under a plan, a gradient push under HET.
-        flush = row_bytes["grad_push"] if mode == "het" else row_bytes["write_back"]
-        self._row_bytes = {**row_bytes, "final_flush": flush}
+        self._row_bytes = dict(row_bytes)
         for family in (self.iterations, self.samples, self.cache_hits, self.cache_lookups,
                        self.stale_rows, self.bound_releases):  # fmt: skip
             family.labels(*labels)
@@ -124,7 +123,7 @@ class WorkerMetrics:
         for kind in self._row_bytes:
             self.bytes.labels(*labels, kind)
         self.iteration_seconds.labels(*labels)
-        self.staleness_bound.labels(*labels).set(staleness if mode == "het" else 0)
+        self.staleness_bound.labels(*labels).set(staleness if mode == HET_MODE else 0)
         self.cache_capacity.labels(*labels).set(cache_rows)
         self.cache_rows.labels(*labels).set(0)
         self.cache_dirty_rows.labels(*labels).set(0)

@@ -76,7 +76,7 @@ def run_worker(config: WorkerConfig) -> int:
             scheduler_pb2.RegisterWorkerRequest(worker_id=w), timeout=config.timeout_seconds
         )
         step = make_step(reply.mode, job, w, ps, int(reply.cache_rows), xp)
-        metrics.bind(w, reply.mode, job.staleness, int(reply.cache_rows), job.row_bytes())
+        metrics.bind(w, reply.mode, job.staleness, int(reply.cache_rows), job.row_bytes(reply.mode))
         if config.prefetch:
             cached = ps.prefetch_keyset(EMBEDDING_TABLE, config.prefetch)
             log.info("worker %d: prefetched %d rows of %s", w, cached, config.prefetch)

@@ -35,7 +35,7 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
     job.create_tables(ps)
     metrics = [WorkerMetrics() for _ in range(WORKERS)]
     for w, m in enumerate(metrics):
-        m.bind(w, "het", job.staleness, job.cache_rows, job.row_bytes())
+        m.bind(w, "het", job.staleness, job.cache_rows, job.row_bytes("het"))
     totals = [Traffic() for _ in range(WORKERS)]
     losses = [0.0] * WORKERS
     m_per = job.batch_size_per_worker
@@ -70,7 +70,7 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
                            ("write_back", total.write_backs), ("final_flush", total.final_flush),
                            ("version_check", total.version_checks)):  # fmt: skip
             assert value("heraldps_worker_rows_total", {"kind": kind}) == rows
-        sizes = job.row_bytes()
+        sizes = job.row_bytes("het")
         assert value("heraldps_worker_bytes_total", {"kind": "pull"}) == total.pulls * sizes["pull"]
         assert value("heraldps_worker_bytes_total", {"kind": "final_flush"}) == (
             total.final_flush * sizes["grad_push"]  # HET flushes gradients
@@ -93,7 +93,7 @@ def test_herald_modes_report_staleness_bound_zero() -> None:
     """Herald modes train synchronously whatever the job's staleness says."""
     job = replace(TrainingJob(data=str(TRAIN)), staleness=3)
     m = WorkerMetrics()
-    m.bind(0, "herald", job.staleness, 10, job.row_bytes())
+    m.bind(0, "herald", job.staleness, 10, job.row_bytes("herald"))
     labels = {"worker": "0", "mode": "herald"}
     assert m.registry.get_sample_value("heraldps_worker_staleness_bound", labels) == 0
     pulls = m.registry.get_sample_value("heraldps_worker_rows_total", {**labels, "kind": "pull"})
