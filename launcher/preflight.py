@@ -51,6 +51,7 @@ def check_cache(
     cache_rows: int,
     iterations: int | None,
     modes: Iterable[str],
+    epochs: int = 1,
 ) -> None:
     """Every worker's mini-batch must fit its cache, in every mode that will run.
 
@@ -67,7 +68,8 @@ def check_cache(
     for mode in modes:
         if mode in LOCATION_AWARE_MODES:
             try:
-                plan_all(dataset, workers, batch_size_per_worker, cache_rows, mode, iterations)
+                plan_all(dataset, workers, batch_size_per_worker, cache_rows, mode, iterations,
+                         epochs)  # fmt: skip
             except CacheTooSmall as exc:
                 raise cache_error(dataset, exc.needed, cache_rows, f" in mode {mode}") from None
 

@@ -8,6 +8,7 @@ executes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -73,11 +74,16 @@ def plan_all(
     capacity: int,
     mode: str,
     iterations: int | None,
+    epochs: int = 1,
 ) -> Scheduler:
-    """Plan every global batch of ``dataset`` in ``mode`` (plans dropped); the scheduler,
-    with its counts. ``CacheTooSmall`` if a mini-batch does not fit a cache."""
+    """Plan every global batch of ``epochs`` passes over ``dataset`` (at most ``iterations``)
+    in ``mode``, plans dropped; the scheduler, with its counts. ``CacheTooSmall`` if a
+    mini-batch does not fit a cache. Each pass counts: location-aware assignment depends
+    on what the caches hold, so a later pass may split the same batch differently."""
     scheduler = Scheduler(workers, capacity, mode)
-    for t, part in enumerate(dataset.batches(workers * batch_size_per_worker, iterations)):
+    size = workers * batch_size_per_worker
+    passes = (part for _ in range(epochs) for part in dataset.batches(size))
+    for t, part in enumerate(itertools.islice(passes, iterations)):
         scheduler.submit(Batch(t, part.offsets, part.keys, workers))
     scheduler.finish()
     return scheduler

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     job, train, held_out = datasets(args, job)
     job = replace(job, cache_rows=cache_rows_for(train, args.cache_fraction))
     check_cache(train, job.workers, job.batch_size_per_worker, job.cache_rows, job.iterations,
-                modes)  # fmt: skip
+                modes, job.epochs)  # fmt: skip
     console = Console()
     if not console.is_terminal:
         console.width = 100  # logs and CI: the summary table fits; --wide may wrap

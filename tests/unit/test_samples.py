@@ -14,7 +14,7 @@ from heraldps.errors import CacheTooSmall, InvalidArgument
 from heraldps.samples import decode_samples, encode_samples
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import Scheduler
-from scheduler_service.simulate import largest_mini_batch
+from scheduler_service.simulate import largest_mini_batch, plan_all
 
 TRAIN, _ = bundled_data()
 DATA = read_dataset(TRAIN, "criteo", max_rows=600)
@@ -86,3 +86,12 @@ def test_largest_mini_batch_is_the_scheduler_s_own_limit(workers: int, per_worke
             ok = False
             assert exc.needed == needed and exc.capacity == capacity
         assert ok is fits
+
+
+def test_the_location_aware_dry_run_plans_every_pass() -> None:
+    """The launcher's check plans what the run will train: every epoch, capped at iterations."""
+    per_pass = DATA.rows // (4 * 32)
+    assert plan_all(DATA, 4, 32, 2000, "herald", None, epochs=3).counts.iterations == 3 * per_pass
+    assert plan_all(DATA, 4, 32, 2000, "herald", per_pass + 2, epochs=3).counts.iterations == (
+        per_pass + 2
+    )
