@@ -56,8 +56,9 @@ def check_cache(
     """Every worker's mini-batch must fit its cache, in every mode that will run.
 
     The sequential partition (naive, on_demand, het) is checked from the data alone;
-    location-aware assignment depends on the caches, so those modes are planned once
-    with the real scheduler core (what ``heraldps simulate`` does), without a cluster.
+    location-aware assignment depends on the caches, so every batch of every epoch of
+    those modes is planned once with the real scheduler core (what ``heraldps simulate``
+    does), without a cluster.
     """
     from scheduler_service.simulate import largest_mini_batch, plan_all
 
