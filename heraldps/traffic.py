@@ -38,6 +38,8 @@ class Traffic:
       locality (see :class:`scheduler_service.scheduler.Assignment`).
     - ``sample_bytes``: bytes of the training samples that arrived with the plans (keys,
       fields, dense features, labels): the price of workers never reading the data.
+    - ``dense_bytes``: bytes of dense parameters a worker sent and received (the dense
+      table through the PS, or its all-reduce parts and checkpoints).
     """
 
     pulls: int = 0
@@ -53,6 +55,7 @@ class Traffic:
     held_samples: int = 0
     local_samples: int = 0
     sample_bytes: int = 0
+    dense_bytes: int = 0
 
     @property
     def pushes(self) -> int:
@@ -84,6 +87,7 @@ class Traffic:
             final_flush_rows=self.final_flush,
             version_checks=self.version_checks,
             sample_bytes=self.sample_bytes,
+            dense_bytes=self.dense_bytes,
         )
 
     @classmethod
@@ -96,4 +100,5 @@ class Traffic:
             final_flush=counters.final_flush_rows,
             version_checks=counters.version_checks,
             sample_bytes=counters.sample_bytes,
+            dense_bytes=counters.dense_bytes,
         )

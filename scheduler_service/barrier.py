@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from heraldps.datasets import SparseDataset
-from heraldps.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from heraldps.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import SampleScheduler, Scheduler
@@ -36,6 +36,7 @@ class Barrier:
         self._commit = commit
         self.max_backlog = max_backlog
         self.registered: set[int] = set()
+        self._collective: dict[int, str] = {}  # worker -> its Collective service's address
         self.committed = -1
         self.finished = False
         self.final_flush = 0
@@ -57,11 +58,28 @@ class Barrier:
                 f"worker {worker} is unknown: this scheduler has workers 0..{self.num_workers - 1}"
             )
 
-    def register(self, worker: int) -> None:
+    def register(self, worker: int, collective_address: str = "") -> None:
+        """Record a worker (again, after a restart); its all-reduce address if it has one."""
         self._check_worker(worker)
         with self._lock:
             self.registered.add(worker)
+            self._collective[worker] = collective_address
             self._changed.notify_all()
+
+    def collective_addresses(self, timeout: float) -> list[str]:
+        """Every worker's all-reduce address, waiting up to ``timeout`` for the missing ones."""
+
+        def complete() -> bool:
+            return all(self._collective.get(w) for w in range(self.num_workers))
+
+        with self._lock:
+            if not self._changed.wait_for(complete, timeout=timeout):
+                missing = [w for w in range(self.num_workers) if not self._collective.get(w)]
+                raise Unavailable(
+                    f"workers {missing} have not registered an all-reduce address yet; "
+                    "ask again (they may still be starting)"
+                )
+            return [self._collective[w] for w in range(self.num_workers)]
 
     @property
     def backlog(self) -> int:

@@ -24,6 +24,14 @@ from scheduler_service.shadow import NaiveShadow
 log = logging.getLogger(__name__)
 
 WATCH_POLL_SECONDS = 0.5
+MAX_ADDRESS_CHARS = 255
+MAX_LIST_WAIT_SECONDS = 60.0
+
+
+def _is_host_port(address: str) -> bool:
+    """``host:port`` with a port in 1..65535 (IPv6 hosts in brackets)."""
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -62,7 +70,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def RegisterWorker(
         self, request: scheduler_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.RegisterWorkerResponse:
-        self.barrier.register(request.worker_id)
+        address = request.collective_address
+        if len(address) > MAX_ADDRESS_CHARS or (address and not _is_host_port(address)):
+            raise InvalidArgument(
+                f"collective_address must be host:port (at most {MAX_ADDRESS_CHARS} characters), "
+                f"got {address[:80]!r}"
+            )
+        self.barrier.register(request.worker_id, address)
         self.metrics.registered.set(len(self.barrier.registered))
         self.metrics.start_worker(request.worker_id)
         log.info("worker %d registered", request.worker_id)
@@ -152,6 +166,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             m.committed.set(request.iteration)
             m.backlog.set(self.barrier.backlog)
         return scheduler_pb2.ReportDoneResponse(committed=committed)
+
+    @unary_handler
+    def ListWorkers(
+        self, request: scheduler_pb2.ListWorkersRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.ListWorkersResponse:
+        wait = request.wait_seconds
+        if not 0 <= wait <= MAX_LIST_WAIT_SECONDS:  # also refuses NaN
+            raise InvalidArgument(
+                f"wait_seconds must be in [0, {MAX_LIST_WAIT_SECONDS:g}], got {wait}"
+            )
+        addresses = self.barrier.collective_addresses(wait)
+        return scheduler_pb2.ListWorkersResponse(collective_addresses=addresses)
 
     @unary_handler
     def GetStatus(

@@ -63,7 +63,7 @@ class HETStep(Step):
             self._push_pending(over, t, traffic)
             traffic.bound_releases += over.shape[0]
             cache.evict(cache.keys_at(over))
-        self.push_dense(dense_grad, t)
+        self.push_dense(dense_grad, t, plan.final_flush)
         if plan.final_flush:
             flushed = Traffic()
             self._push_pending(cache.dirty_slots(), t, flushed)

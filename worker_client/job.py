@@ -25,6 +25,7 @@ from heraldps.optim import SGD, AdaGrad, Adam, Optimizer
 from worker_client.model import DeepFM, ModelConfig
 
 OPTIMIZERS = ("sgd", "adagrad", "adam")
+DENSE_SYNCS = ("allreduce", "ps")
 DEFAULT_LR = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
 EMBEDDING_TABLE = "emb"
 DENSE_TABLE = "dense"
@@ -51,6 +52,8 @@ class TrainingJob:
     staleness: int = 0
     policy: str = "lru"
     device: str = "cpu"
+    dense_sync: str = "allreduce"  # or "ps": see worker_client/dense_sync.py
+    dense_checkpoint_every: int = 10  # all-reduce: worker 0 stores the dense model this often
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -59,6 +62,10 @@ class TrainingJob:
             raise InvalidArgument(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if self.staleness < 0:
             raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
+        if self.dense_sync not in DENSE_SYNCS:
+            raise InvalidArgument(f"--dense-sync must be one of {', '.join(DENSE_SYNCS)}")
+        if self.dense_checkpoint_every < 0:
+            raise InvalidArgument("--dense-checkpoint-every must be >= 0 (0: at the end only)")
         if self.workers < 1 or self.batch_size_per_worker < 1 or self.epochs < 1:
             raise InvalidArgument("--workers, --batch-size-per-worker and --epochs must be >= 1")
 

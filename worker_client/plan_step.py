@@ -54,7 +54,7 @@ class PlanStep(Step):
             grads = to_host(emb_grad[self.xp.asarray(shared)])
             self.ps.push_gradients(EMBEDDING_TABLE, plan.push_grads, grads, t)
             traffic.grad_pushes += plan.push_grads.shape[0]
-        self.push_dense(dense_grad, t)
+        self.push_dense(dense_grad, t, plan.final_flush)
         if plan.write_back.shape[0]:
             self.write_back(plan.write_back)
             traffic.write_backs += plan.write_back.shape[0]

@@ -6,8 +6,9 @@ share what a worker owns: the embedding cache, the model, the dense
 parameters and the PS connection, and return the rows they moved
 (:class:`~heraldps.traffic.Traffic`) and the summed loss.
 
-Dense parameters are pulled every iteration (after the previous commit) and
-their gradients pushed every iteration; the PS applies them at commit.
+Dense parameters move through a :class:`~worker_client.dense_sync.DenseSync`:
+all-reduced among the workers (the default) or pulled from and pushed to the
+PS every iteration.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from heraldps.errors import FailedPrecondition
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from worker_client.cache import EmbeddingCache
+from worker_client.dense_sync import DenseSync, PSDense
 from worker_client.device import to_host
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import MiniBatch, select
@@ -38,7 +40,13 @@ class Step(abc.ABC):
     """A worker's cache, model and PS connection; ``run`` trains one iteration."""
 
     def __init__(
-        self, job: TrainingJob, worker: int, ps: PSClient, cache_rows: int, xp: Any = np
+        self,
+        job: TrainingJob,
+        worker: int,
+        ps: PSClient,
+        cache_rows: int,
+        xp: Any = np,
+        dense: DenseSync | None = None,
     ) -> None:
         self.job = job
         self.worker = worker
@@ -46,7 +54,7 @@ class Step(abc.ABC):
         self.xp = xp
         self.model = job.model(xp)
         self.optimizer = job.make_optimizer()
-        self.dense = job.dense_parameter(self.model.dense_size)
+        self.dense = dense or PSDense(ps, job.dense_parameter(self.model.dense_size))
         self.cache = EmbeddingCache(
             cache_rows,
             job.embedding_dim,
@@ -87,7 +95,7 @@ class Step(abc.ABC):
         """(loss sum, embedding gradients [rows], dense gradient) of the mini-batch on the
         cached rows ``slots`` (one per key of ``mb.keys``); gradients stay on the device."""
         xp = self.xp
-        dense = xp.asarray(self.ps.pull_dense(self.dense))
+        dense = xp.asarray(self.dense.values())
         emb = self.cache.gather(slots)
         return self.model.forward_backward(
             dense,
@@ -105,5 +113,6 @@ class Step(abc.ABC):
                            rows.base_versions, rows.new_versions)  # fmt: skip
         self.cache.mark_written(rows)
 
-    def push_dense(self, dense_grad: Any, iteration: int) -> None:
-        self.ps.push_dense_gradients(self.dense, to_host(dense_grad), iteration)
+    def push_dense(self, dense_grad: Any, iteration: int, final: bool = False) -> None:
+        """Hand the dense gradient to the dense sync (all-reduce and apply, or push)."""
+        self.dense.update(to_host(dense_grad), iteration, final)

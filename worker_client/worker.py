@@ -24,11 +24,13 @@ import grpc
 import numpy as np
 
 from heraldps.client import PSClient
-from heraldps.errors import HeraldError, Unavailable, error_from_rpc
+from heraldps.errors import FailedPrecondition, HeraldError, Unavailable, error_from_rpc
 from heraldps.modes import HET_MODE
 from heraldps.plan import plan_from_proto
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
+from worker_client.collective import AllReduce, Mailbox, serve_collective
+from worker_client.dense_sync import AllReduceDense, DenseSync
 from worker_client.device import array_module
 from worker_client.het_step import HETStep
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
@@ -37,6 +39,8 @@ from worker_client.plan_step import PlanStep
 from worker_client.step import Step
 
 log = logging.getLogger(__name__)
+
+ALLREDUCE_MESSAGE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -49,14 +53,63 @@ class WorkerConfig:
     timeout_seconds: float = 120.0
     prefetch: str | None = None  # keyset file loaded into the PS caches before training
     metrics_port: int | None = None  # serve Prometheus /metrics here (0: a free port)
+    advertise_host: str = "127.0.0.1"  # where the other workers reach this one's all-reduce
+    collective_port: int = 0  # the all-reduce server's port (0: a free one)
 
 
 def make_step(
-    mode: str, job: TrainingJob, worker: int, ps: PSClient, cache_rows: int, xp: Any = np
+    mode: str,
+    job: TrainingJob,
+    worker: int,
+    ps: PSClient,
+    cache_rows: int,
+    xp: Any = np,
+    dense: DenseSync | None = None,
 ) -> Step:
     """The step of a scheduler mode, chosen once: HET for ``het``, else plan execution."""
     step_type: type[Step] = HETStep if mode == HET_MODE else PlanStep
-    return step_type(job, worker, ps, cache_rows, xp)
+    return step_type(job, worker, ps, cache_rows, xp, dense)
+
+
+class DenseAllReduceSetup:
+    """The all-reduce server a worker starts before it registers, and the sync built on it."""
+
+    def __init__(self, config: WorkerConfig, job: TrainingJob) -> None:
+        self.param = job.dense_parameter(job.model().dense_size)
+        self.mailbox = Mailbox(config.worker_id, job.workers, self.param.size)
+        host = config.advertise_host
+        bind = "127.0.0.1" if host in ("127.0.0.1", "localhost") else "0.0.0.0"
+        self.server, port = serve_collective(self.mailbox, bind, config.collective_port,
+                                             ALLREDUCE_MESSAGE_BYTES)  # fmt: skip
+        self.address = f"{host}:{port}"
+
+    def connect(
+        self,
+        scheduler: scheduler_pb2_grpc.SchedulerStub,
+        config: WorkerConfig,
+        job: TrainingJob,
+        ps: PSClient,
+    ) -> AllReduceDense:
+        """Learn every worker's address from the scheduler (all registered), then connect."""
+        deadline = time.monotonic() + config.timeout_seconds
+        while True:
+            wait = min(10.0, max(0.0, deadline - time.monotonic()))
+            try:
+                reply = scheduler.ListWorkers(
+                    scheduler_pb2.ListWorkersRequest(wait_seconds=wait), timeout=wait + 10
+                )
+                break
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                    raise
+        peers = list(reply.collective_addresses)
+        all_reduce = AllReduce(config.worker_id, peers, self.param.size, self.mailbox,
+                               config.timeout_seconds, ALLREDUCE_MESSAGE_BYTES)  # fmt: skip
+        return AllReduceDense(ps, self.param, job.make_optimizer(), all_reduce,
+                              job.dense_checkpoint_every)  # fmt: skip
+
+    def stop(self) -> None:
+        self.server.stop(grace=1.0)
 
 
 def run_worker(config: WorkerConfig) -> int:
@@ -71,22 +124,37 @@ def run_worker(config: WorkerConfig) -> int:
     metrics = WorkerMetrics()
     if config.metrics_port is not None:
         log.info("worker %d: metrics on port %d", w, metrics.serve(config.metrics_port))
+    collective = DenseAllReduceSetup(config, job) if job.dense_sync == "allreduce" else None
+    dense: DenseSync | None = None
     try:
         reply = scheduler.RegisterWorker(
-            scheduler_pb2.RegisterWorkerRequest(worker_id=w), timeout=config.timeout_seconds
+            scheduler_pb2.RegisterWorkerRequest(
+                worker_id=w, collective_address=collective.address if collective else ""
+            ),
+            timeout=config.timeout_seconds,
         )
-        step = make_step(reply.mode, job, w, ps, int(reply.cache_rows), xp)
+        if reply.num_workers != job.workers:
+            raise FailedPrecondition(
+                f"the scheduler runs {reply.num_workers} workers but the job says {job.workers}"
+            )
+        if collective is not None:
+            dense = collective.connect(scheduler, config, job, ps)
+            log.info("worker %d: dense all-reduce via %s", w, collective.address)
+        step = make_step(reply.mode, job, w, ps, int(reply.cache_rows), xp, dense)
         metrics.bind(w, reply.mode, job.staleness, int(reply.cache_rows), job.row_bytes(reply.mode))
         if config.prefetch:
             cached = ps.prefetch_keyset(EMBEDDING_TABLE, config.prefetch)
             log.info("worker %d: prefetched %d rows of %s", w, cached, config.prefetch)
         log.info("worker %d: mode %s, cache %d rows", w, reply.mode, reply.cache_rows)
+        dense_bytes = step.dense.bytes_moved
         stream = scheduler.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w))
         for message in stream:
             started = time.perf_counter()
             plan = plan_from_proto(message)
             traffic, loss = step.run(plan)
             traffic.sample_bytes = message.mini_batch.ByteSize()
+            traffic.dense_bytes = step.dense.bytes_moved - dense_bytes
+            dense_bytes = step.dense.bytes_moved
             samples = int(plan.samples.shape[0])
             scheduler.ReportDone(
                 scheduler_pb2.ReportDoneRequest(
@@ -116,6 +184,10 @@ def run_worker(config: WorkerConfig) -> int:
         log.error("worker %d: %s", w, _what(err))
         return 1
     finally:
+        if dense is not None:
+            dense.close()
+        if collective is not None:
+            collective.stop()
         ps.close()
         channel.close()
         if config.report:

@@ -36,19 +36,67 @@ class RegisterWorkerRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
+    COLLECTIVE_ADDRESS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.int
+    collective_address: _builtins.str
+    """host:port of the worker's Collective service (dense all-reduce); empty
+    when the worker moves dense parameters through the PS.
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.int = ...,
+        collective_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collective_address", b"collective_address", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterWorkerRequest: _TypeAlias = RegisterWorkerRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    wait_seconds: _builtins.float
+    """How long to wait for workers that have not registered yet (<= 60)."""
+    def __init__(
+        self,
+        *,
+        wait_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["wait_seconds", b"wait_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkersRequest: _TypeAlias = ListWorkersRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTIVE_ADDRESSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def collective_addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Indexed by worker id."""
+
+    def __init__(
+        self,
+        *,
+        collective_addresses: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collective_addresses", b"collective_addresses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
 
 @_typing.final
 class RegisterWorkerResponse(_message.Message):
@@ -285,6 +333,7 @@ class TrafficCounters(_message.Message):
     FINAL_FLUSH_ROWS_FIELD_NUMBER: _builtins.int
     VERSION_CHECKS_FIELD_NUMBER: _builtins.int
     SAMPLE_BYTES_FIELD_NUMBER: _builtins.int
+    DENSE_BYTES_FIELD_NUMBER: _builtins.int
     pulled_rows: _builtins.int
     pushed_gradient_rows: _builtins.int
     written_back_rows: _builtins.int
@@ -299,6 +348,10 @@ class TrafficCounters(_message.Message):
     """Bytes of the training samples that arrived with the plans (the serialized
     SampleBlock): what carrying samples in plans adds to the traffic.
     """
+    dense_bytes: _builtins.int
+    """Bytes of dense parameters this worker sent and received: the dense
+    table's pulls and gradient pushes through the PS, or the all-reduce's parts.
+    """
     def __init__(
         self,
         *,
@@ -309,10 +362,11 @@ class TrafficCounters(_message.Message):
         final_flush_rows: _builtins.int = ...,
         version_checks: _builtins.int = ...,
         sample_bytes: _builtins.int = ...,
+        dense_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "sample_bytes", b"sample_bytes", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "dense_bytes", b"dense_bytes", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "sample_bytes", b"sample_bytes", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -64,6 +64,11 @@ class SchedulerStub:
                 request_serializer=heraldps_dot_v1_dot_scheduler__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=heraldps_dot_v1_dot_scheduler__pb2.SchedulerStatus.FromString,
                 _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/heraldps.v1.Scheduler/ListWorkers',
+                request_serializer=heraldps_dot_v1_dot_scheduler__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=heraldps_dot_v1_dot_scheduler__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -112,6 +117,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkers(self, request, context):
+        """The all-reduce addresses of every worker, once all have registered one
+        (blocks up to wait_seconds; UNAVAILABLE if some are still missing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +157,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=heraldps_dot_v1_dot_scheduler__pb2.GetStatusRequest.FromString,
                     response_serializer=heraldps_dot_v1_dot_scheduler__pb2.SchedulerStatus.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=heraldps_dot_v1_dot_scheduler__pb2.ListWorkersRequest.FromString,
+                    response_serializer=heraldps_dot_v1_dot_scheduler__pb2.ListWorkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +326,33 @@ class Scheduler:
             '/heraldps.v1.Scheduler/GetStatus',
             heraldps_dot_v1_dot_scheduler__pb2.GetStatusRequest.SerializeToString,
             heraldps_dot_v1_dot_scheduler__pb2.SchedulerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/heraldps.v1.Scheduler/ListWorkers',
+            heraldps_dot_v1_dot_scheduler__pb2.ListWorkersRequest.SerializeToString,
+            heraldps_dot_v1_dot_scheduler__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,10 @@ class SchedulerStub:
     """A worker finished an iteration; the last report of an iteration commits it."""
     GetStatus: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetStatusRequest, _scheduler_pb2.SchedulerStatus]
     """Progress of the scheduler."""
+    ListWorkers: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]
+    """The all-reduce addresses of every worker, once all have registered one
+    (blocks up to wait_seconds; UNAVAILABLE if some are still missing).
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -75,6 +79,10 @@ class SchedulerAsyncStub(SchedulerStub):
     """A worker finished an iteration; the last report of an iteration commits it."""
     GetStatus: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetStatusRequest, _scheduler_pb2.SchedulerStatus]  # type: ignore[assignment]
     """Progress of the scheduler."""
+    ListWorkers: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]  # type: ignore[assignment]
+    """The all-reduce addresses of every worker, once all have registered one
+    (blocks up to wait_seconds; UNAVAILABLE if some are still missing).
+    """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -126,5 +134,15 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.SchedulerStatus, _abc.Awaitable[_scheduler_pb2.SchedulerStatus]]:
         """Progress of the scheduler."""
+
+    @_abc_1.abstractmethod
+    def ListWorkers(
+        self,
+        request: _scheduler_pb2.ListWorkersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListWorkersResponse, _abc.Awaitable[_scheduler_pb2.ListWorkersResponse]]:
+        """The all-reduce addresses of every worker, once all have registered one
+        (blocks up to wait_seconds; UNAVAILABLE if some are still missing).
+        """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

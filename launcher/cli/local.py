@@ -74,6 +74,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("cpu", "gpu", "auto"),
         help="workers train on NumPy (cpu), CuPy (gpu), or CuPy when a GPU is usable (auto)",
     )
+    p.add_argument(
+        "--dense-sync",
+        default="allreduce",
+        choices=("allreduce", "ps"),
+        help="dense (MLP) parameters: all-reduced among workers, or through the PS",
+    )
+    p.add_argument(
+        "--dense-checkpoint-every",
+        type=at_least(0),
+        default=10,
+        help="allreduce: worker 0 stores the dense model on the PS this often (0: at the end)",
+    )
     p.add_argument("--json", default=None, help="write the full report here")
     p.add_argument("--plot", default=None, help="write traffic and loss curves here (PNG)")
     p.add_argument(
@@ -157,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers, batch_size_per_worker=args.batch_size_per_worker,
         iterations=args.iterations, epochs=args.epochs, optimizer=args.optimizer, lr=args.lr,
         embedding_dim=args.embedding_dim, staleness=args.staleness, policy=args.policy,
-        device=args.device,
+        device=args.device, dense_sync=args.dense_sync,
+        dense_checkpoint_every=args.dense_checkpoint_every,
     )  # fmt: skip
     job, train, held_out = datasets(args, job)
     job = replace(job, cache_rows=cache_rows_for(train, args.cache_fraction))

@@ -24,6 +24,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
     )
+    p.add_argument(
+        "--advertise-host",
+        default="127.0.0.1",
+        help="address other workers reach this worker's dense all-reduce server at (its pod "
+        "IP or service name; a loopback address binds loopback only, any other binds 0.0.0.0)",
+    )
+    p.add_argument(
+        "--collective-port",
+        type=int,
+        default=0,
+        help="port of this worker's dense all-reduce server (0: a free one)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         job=args.job, worker_id=args.worker_id, scheduler=args.scheduler,
         ps=addresses(args.ps), report=args.report,
         timeout_seconds=args.timeout_seconds, prefetch=args.prefetch,
-        metrics_port=args.metrics_port,
+        metrics_port=args.metrics_port, advertise_host=args.advertise_host,
+        collective_port=args.collective_port,
     )  # fmt: skip
     return run_worker(config)
 

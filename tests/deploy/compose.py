@@ -5,7 +5,8 @@ compose file as a real ``heraldps`` subprocess on 127.0.0.1 with exactly the com
 HERALDPS_* environment the file gives it, in ``depends_on`` order, waiting on each
 dependency's own healthcheck command. Only what a container network provides is
 translated: a service's fixed port becomes an ephemeral one (``HERALDPS_PORT=0`` and a
-port file), ``name:port`` addresses become ``127.0.0.1:<that port>``, and container paths
+port file; a worker's all-reduce port too, advertised as 127.0.0.1), ``name:port``
+addresses become ``127.0.0.1:<that port>``, and container paths
 of mounts become repository files or temporary directories.
 """
 
@@ -73,6 +74,8 @@ class Service:
             env.update(HERALDPS_HOST="127.0.0.1")
         if "HERALDPS_METRICS_PORT" in env:
             env["HERALDPS_METRICS_PORT"] = "0"
+        if "HERALDPS_ADVERTISE_HOST" in env:  # a worker's all-reduce server: on loopback here
+            env.update(HERALDPS_ADVERTISE_HOST="127.0.0.1", HERALDPS_COLLECTIVE_PORT="0")
         command = [sys.executable, "-m", "launcher", *spec["command"]]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(

@@ -21,6 +21,7 @@ Obj = dict[str, Any]
 # Where the StatefulSet controller and the Job controller put a pod's identity.
 POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+POD_IP = "status.podIP"
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
 

@@ -26,6 +26,7 @@ from tests.deploy.k8s_manifests import (
     COMPLETION_INDEX,
     K8S,
     POD_INDEX,
+    POD_IP,
     ROOT,
     Build,
     Obj,
@@ -194,7 +195,9 @@ def test_job_mount_holds_the_rendered_job(build: Build) -> None:
     for name in ("heraldps-worker", "heraldps-feed"):
         pod_spec = build.get("Job", name)["spec"]["template"]["spec"]
         container = pod_spec["containers"][0]
-        job_path = Path(build.env(container, {COMPLETION_INDEX: "0"})["HERALDPS_JOB"])
+        job_path = Path(
+            build.env(container, {COMPLETION_INDEX: "0", POD_IP: "10.0.0.7"})["HERALDPS_JOB"]
+        )
         mount = next(m for m in container["volumeMounts"]
                      if Path(m["mountPath"]) == job_path.parent)  # fmt: skip
         volume = next(v for v in pod_spec["volumes"] if v["name"] == mount["name"])
@@ -377,7 +380,7 @@ def test_config_references_exist(build: Build) -> None:
     for workload in build.workloads():
         spec = workload["spec"]["template"]["spec"]
         for container in spec.get("initContainers", []) + spec["containers"]:
-            build.env(container, {POD_INDEX: "0", COMPLETION_INDEX: "0"})
+            build.env(container, {POD_INDEX: "0", COMPLETION_INDEX: "0", POD_IP: "10.0.0.7"})
         for volume in spec.get("volumes", []):
             if "configMap" in volume:
                 data = build.config(volume["configMap"]["name"])
@@ -505,7 +508,7 @@ def test_pods_configure_the_real_cli(
     job_file.write_text(build.config()["job.json"])
     for name, role in (("heraldps-worker", "worker"), ("heraldps-feed", "feed")):
         container = build.container("Job", name, role)
-        env = build.env(container, {COMPLETION_INDEX: "1"})
+        env = build.env(container, {COMPLETION_INDEX: "1", POD_IP: "10.0.0.7"})
         env["HERALDPS_JOB"] = str(job_file)  # where the ConfigMap volume puts it in the pod
         args = parse_in_pod(monkeypatch, env, role)
         assert TrainingJob.load(args.job) == rendered_job(build)

@@ -73,8 +73,9 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
 
 
 def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
-    """--store cached, with a PS cache far smaller than the table (evictions on the shards)."""
-    job = small_job("adagrad")
+    """--store cached, with a PS cache far smaller than the table (evictions on the shards);
+    dense parameters through the PS (the other tests all-reduce them among the workers)."""
+    job = replace(small_job("adagrad"), dense_sync="ps")
     train = job.read()
     reference = ReferenceTrainer(job)
     reference.train(train)

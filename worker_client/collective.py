@@ -1,0 +1,227 @@
+"""Dense all-reduce among workers: a two-phase exchange over gRPC.
+
+HET's hybrid communication (section 4, after Parallax) leaves the PS links to
+the embeddings and sums dense gradients among the workers. With N workers and
+a gradient of S floats cut into N parts, worker p owns part p:
+
+1. reduce-scatter: every worker sends part p of its gradient to worker p;
+2. all-gather: worker p adds the N copies of part p in worker order and sends
+   the sum to every other worker.
+
+Each link carries about 2 (N-1)/N S floats each way, as a ring all-reduce
+does, in two rounds of parallel sends instead of 2 (N-1) sequential ones
+(latency matters more than bandwidth for a dense MLP of tens of KB). Each part
+is summed once, by its owner, in a fixed order, so every worker ends with the
+same bits and their replicas stay equal.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    error_from_rpc,
+)
+from heraldps.serving import channel_options
+from heraldps.status import unary_handler
+from heraldps.v1 import collective_pb2, collective_pb2_grpc
+
+Floats = npt.NDArray[np.float32]
+
+REDUCE_SCATTER, ALL_GATHER = 0, 1
+MAX_PENDING_ROUNDS = 2  # a peer can be at most one round ahead of this worker
+
+
+def part_edges(size: int, workers: int) -> list[int]:
+    """Boundaries of the N parts of an S-float gradient (parts differ by at most one)."""
+    return [size * p // workers for p in range(workers + 1)]
+
+
+class Mailbox:
+    """Parts delivered by peers, kept until this worker's all-reduce takes them.
+
+    Checks what a peer may send: a known sender, the part that phase routes to
+    this worker, the part's exact size, finite values, a round this worker has
+    not finished, and no more than :data:`MAX_PENDING_ROUNDS` rounds at once.
+    """
+
+    def __init__(self, rank: int, workers: int, size: int) -> None:
+        self.rank, self.workers = rank, workers
+        self.edges = part_edges(size, workers)
+        self.finished_round: int | None = None  # the last round this worker completed
+        self._parts: dict[tuple[int, int, int], Floats] = {}  # (round, phase, sender)
+        self._changed = threading.Condition()
+
+    def _part_size(self, part: int) -> int:
+        return self.edges[part + 1] - self.edges[part]
+
+    def put(self, round_: int, phase: int, sender: int, part: int, data: bytes) -> None:
+        if phase not in (REDUCE_SCATTER, ALL_GATHER):
+            raise InvalidArgument(f"phase must be 0 (reduce-scatter) or 1 (all-gather): {phase}")
+        if not 0 <= sender < self.workers or sender == self.rank:
+            raise InvalidArgument(f"sender {sender} is not a peer of worker {self.rank}")
+        expected = self.rank if phase == REDUCE_SCATTER else sender
+        if part != expected:
+            raise InvalidArgument(f"phase {phase} from worker {sender} must carry part {expected}")
+        size = self._part_size(part)
+        if len(data) != 4 * size:
+            raise InvalidArgument(f"part {part} has {size} floats, got {len(data)} bytes")
+        values = np.frombuffer(data, dtype="<f4").astype(np.float32)
+        if not np.all(np.isfinite(values)):
+            raise InvalidArgument(f"part {part} from worker {sender} has NaN or infinite values")
+        key = (round_, phase, sender)
+        with self._changed:
+            if self.finished_round is not None and round_ <= self.finished_round:
+                raise FailedPrecondition(
+                    f"round {round_} is over on worker {self.rank} (it finished round "
+                    f"{self.finished_round}); the sender is behind"
+                )
+            rounds = {r for r, _, _ in self._parts} | {round_}
+            if len(rounds) > MAX_PENDING_ROUNDS:
+                raise ResourceExhausted(
+                    f"worker {self.rank} holds parts of rounds {sorted(rounds)[:-1]} already; "
+                    "a peer is too far ahead"
+                )
+            held = self._parts.get(key)
+            if held is not None and not np.array_equal(held, values):
+                raise FailedPrecondition(
+                    f"worker {sender} sent two different phase-{phase} parts for round {round_}"
+                )
+            self._parts[key] = values
+            self._changed.notify_all()
+
+    def take(self, round_: int, phase: int, senders: list[int], timeout: float) -> list[Floats]:
+        """The parts of ``senders`` (in that order), waiting up to ``timeout`` seconds."""
+        keys = [(round_, phase, s) for s in senders]
+        with self._changed:
+            if not self._changed.wait_for(lambda: all(k in self._parts for k in keys), timeout):
+                missing = [s for s, k in zip(senders, keys, strict=True) if k not in self._parts]
+                raise DeadlineExceeded(
+                    f"worker {self.rank}: no phase-{phase} part of round {round_} from workers "
+                    f"{missing} within {timeout:g} s (is a worker down or slow?)"
+                )
+            return [self._parts.pop(k) for k in keys]
+
+    def finish(self, round_: int) -> None:
+        with self._changed:
+            self.finished_round = round_
+
+
+class CollectiveServicer(collective_pb2_grpc.CollectiveServicer):
+    """Stores delivered parts in the worker's mailbox."""
+
+    def __init__(self, mailbox: Mailbox) -> None:
+        self.mailbox = mailbox
+
+    def record_rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        """Delivery is timed by the sender (the all-reduce's phase); nothing to record here."""
+
+    @unary_handler
+    def Deliver(
+        self, request: collective_pb2.CollectivePart, context: grpc.ServicerContext
+    ) -> collective_pb2.DeliverResponse:
+        self.mailbox.put(request.round, request.phase, request.sender, request.part,
+                         request.values)  # fmt: skip
+        return collective_pb2.DeliverResponse()
+
+
+class AllReduce:
+    """Sums one float32 vector of ``size`` over all workers, the same bits on each."""
+
+    def __init__(
+        self,
+        rank: int,
+        peers: list[str],
+        size: int,
+        mailbox: Mailbox,
+        timeout: float,
+        max_message_bytes: int,
+    ) -> None:
+        self.rank, self.workers, self.size = rank, len(peers), size
+        self.mailbox = mailbox
+        self.timeout = timeout
+        self.edges = part_edges(size, self.workers)
+        self._channels = {
+            w: grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+            for w, address in enumerate(peers)
+            if w != rank
+        }
+        self._stubs = {w: collective_pb2_grpc.CollectiveStub(c) for w, c in self._channels.items()}
+        self._peer_addresses = peers
+        self.bytes_moved = 0  # payload bytes sent and received, all rounds
+
+    def _part(self, values: Floats, part: int) -> Floats:
+        return values[self.edges[part] : self.edges[part + 1]]
+
+    def _send(self, round_: int, phase: int, parts: dict[int, Floats]) -> None:
+        """Deliver ``parts[w]`` to worker ``w`` for every ``w``, in parallel; wait for all."""
+        calls: list[tuple[int, Any]] = []  # grpc futures
+        for w, values in parts.items():
+            message = collective_pb2.CollectivePart(
+                round=round_, phase=phase, sender=self.rank, part=w if phase == 0 else self.rank,
+                values=values.astype("<f4").tobytes(),
+            )  # fmt: skip
+            calls.append((w, self._stubs[w].Deliver.future(message, timeout=self.timeout)))
+            self.bytes_moved += 4 * values.shape[0]
+        for w, call in calls:
+            try:
+                call.result()
+            except grpc.RpcError as err:
+                raise error_from_rpc(err, self._peer_addresses[w]) from None
+
+    def sum(self, values: Floats, round_: int) -> Floats:
+        """The elementwise sum of every worker's ``values`` for round ``round_``."""
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+        if values.shape[0] != self.size:
+            raise InvalidArgument(f"all-reduce of {self.size} floats got {values.shape[0]}")
+        if self.workers == 1:
+            return values.copy()
+        others = [w for w in range(self.workers) if w != self.rank]
+        self._send(round_, REDUCE_SCATTER, {w: self._part(values, w) for w in others})
+        received = self.mailbox.take(round_, REDUCE_SCATTER, others, self.timeout)
+        copies = dict(zip(others, received, strict=True))
+        copies[self.rank] = self._part(values, self.rank)
+        mine = copies[0].copy()
+        for w in range(1, self.workers):  # worker order: the same sum on every worker
+            mine += copies[w]
+        self._send(round_, ALL_GATHER, dict.fromkeys(others, mine))
+        gathered = self.mailbox.take(round_, ALL_GATHER, others, self.timeout)
+        self.mailbox.finish(round_)
+        out = np.empty(self.size, dtype=np.float32)
+        for w, part in zip(others, gathered, strict=True):
+            out[self.edges[w] : self.edges[w + 1]] = part
+        out[self.edges[self.rank] : self.edges[self.rank + 1]] = mine
+        self.bytes_moved += 4 * sum(p.shape[0] for p in received) + 4 * sum(
+            p.shape[0] for p in gathered
+        )
+        return out
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+
+
+def serve_collective(
+    mailbox: Mailbox, host: str, port: int, max_message_bytes: int
+) -> tuple[grpc.Server, int]:
+    """Start the worker's Collective service on ``host:port`` (0: a free port)."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="collective"),
+        options=channel_options(max_message_bytes),
+    )
+    collective_pb2_grpc.add_CollectiveServicer_to_server(CollectiveServicer(mailbox), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the all-reduce server to {host}:{port}; is the port in use?")
+    server.start()
+    return server, bound

@@ -1,0 +1,115 @@
+"""How a worker moves the dense parameters (the MLP): through the PS, or by all-reduce.
+
+``ps``: pull the dense table before every iteration and push its gradient
+after; the PS sums the workers' gradients and applies the optimizer at the
+commit. Every worker's link carries the whole dense model twice per
+iteration, and the PS's link N times that.
+
+``allreduce`` (the default): every worker keeps a replica (values and optimizer
+state, in the dense table's row layout), sums the gradients with the other
+workers (:class:`~worker_client.collective.AllReduce`) and applies the same
+optimizer function the PS would, so the replicas equal each other and the
+model the PS path trains. Worker 0 writes its replica to the PS dense table
+every ``dense_checkpoint_every`` iterations and with the final flush, so
+snapshots, serving and evaluation read the dense model from the PS as before.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.client import DenseParameter, PSClient
+from heraldps.optim import Optimizer
+from worker_client.collective import AllReduce
+
+Floats = npt.NDArray[np.float32]
+
+
+class DenseSync(abc.ABC):
+    """The dense parameters of one worker: read them, update them with a gradient."""
+
+    bytes_moved = 0  # payload bytes of dense parameters sent and received so far
+
+    @abc.abstractmethod
+    def values(self) -> Floats:
+        """The dense parameters to train iteration t with (after t-1's update)."""
+
+    @abc.abstractmethod
+    def update(self, grad: Floats, iteration: int, final: bool) -> None:
+        """Apply this worker's share of iteration ``iteration``'s dense gradient."""
+
+    def close(self) -> None:  # noqa: B027 (most syncs hold nothing to release)
+        """Release connections."""
+
+
+class PSDense(DenseSync):
+    """Pull before each iteration, push the gradient after; the PS applies it at commit."""
+
+    def __init__(self, ps: PSClient, param: DenseParameter) -> None:
+        self.ps, self.param = ps, param
+        self.bytes_moved = 0
+
+    def values(self) -> Floats:
+        values = self.ps.pull_dense(self.param)
+        p = self.param  # keys out; values and versions back
+        self.bytes_moved += p.rows * (8 + 8 + 4 * p.row_width)
+        return values
+
+    def update(self, grad: Floats, iteration: int, final: bool) -> None:
+        self.ps.push_dense_gradients(self.param, grad, iteration)
+        self.bytes_moved += self.param.rows * (8 + 4 * self.param.row_width)
+
+
+class AllReduceDense(DenseSync):
+    """A dense replica updated from all-reduced gradients; worker 0 checkpoints it to the PS."""
+
+    def __init__(
+        self,
+        ps: PSClient,
+        param: DenseParameter,
+        optimizer: Optimizer,
+        all_reduce: AllReduce,
+        checkpoint_every: int,
+    ) -> None:
+        self.ps, self.param, self.optimizer = ps, param, optimizer
+        self.all_reduce = all_reduce
+        self.checkpoint_every = checkpoint_every
+        # Start from the PS's dense table (initial values, or where a resumed run left it).
+        rows, versions, state = ps.pull_with_state(param.name, param.keys)
+        self._rows: Floats = np.ascontiguousarray(rows, dtype=np.float32)
+        self._state: Floats = np.ascontiguousarray(state, dtype=np.float32)
+        self._versions = versions.astype(np.int64)
+        self._written = self._versions.copy()  # the versions the PS holds
+        self._checkpoint_bytes = 0
+
+    @property
+    def bytes_moved(self) -> int:  # type: ignore[override]
+        return self.all_reduce.bytes_moved + self._checkpoint_bytes
+
+    def values(self) -> Floats:
+        return self.param.from_rows(self._rows)
+
+    def update(self, grad: Floats, iteration: int, final: bool) -> None:
+        total = self.all_reduce.sum(np.asarray(grad, dtype=np.float32), iteration)
+        self.optimizer.apply(self._rows, self._state, self.param.to_rows(total))
+        self._versions += 1  # one commit's worth, as the PS would count it
+        due = self.checkpoint_every > 0 and (iteration + 1) % self.checkpoint_every == 0
+        if self.all_reduce.rank == 0 and (final or due):
+            self.write_to_ps()
+
+    def write_to_ps(self) -> None:
+        """Store the replica in the PS dense table (version-guarded, as any write-back)."""
+        p = self.param
+        self.ps.write_back(p.name, p.keys, self._rows, self._state, self._written, self._versions)
+        self._written = self._versions.copy()
+        self._checkpoint_bytes += self._rows.nbytes + self._state.nbytes + 24 * p.rows
+
+    def replica(self) -> tuple[Floats, Floats]:
+        """(values rows, optimizer state) of this worker's replica; for tests and checks."""
+        return self._rows.copy(), self._state.copy()
+
+    def close(self) -> None:
+        self.all_reduce.close()
