@@ -11,6 +11,7 @@ from heraldps.traffic import Traffic
 
 PLANNED_KINDS = ("pull", "grad_push", "write_back")
 REPORTED_KINDS = (*PLANNED_KINDS, "final_flush", "version_check")
+_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _PLAN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -29,6 +30,12 @@ class SchedulerMetrics:
         self.plan_seconds = Histogram(
             "heraldps_scheduler_plan_seconds", "Partition + plan time of one batch", ["mode"],
             buckets=_PLAN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.plan_wait = Histogram(
+            "heraldps_scheduler_plan_wait_seconds",
+            "From a worker's report of iteration t (or its registration) to its plan of t+1 "
+            "leaving the scheduler: the worker's wait at the barrier",
+            ["worker"], buckets=_WAIT_BUCKETS, registry=r,
         )  # fmt: skip
         self.planned_rows = Counter(
             "heraldps_scheduler_planned_rows",

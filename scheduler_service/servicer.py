@@ -49,6 +49,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.stopping = stopping
         self.shadow = shadow
         self.reported = Traffic()  # every report so far, summed
+        self._waiting_since: dict[int, float] = {}  # worker -> when it last reported/registered
         self._reported_lock = threading.Lock()
 
     def record_rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
@@ -77,6 +78,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 f"got {address[:80]!r}"
             )
         self.barrier.register(request.worker_id, address)
+        self._waiting_since[request.worker_id] = time.monotonic()
         self.metrics.registered.set(len(self.barrier.registered))
         self.metrics.start_worker(request.worker_id)
         log.info("worker %d registered", request.worker_id)
@@ -140,6 +142,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 if self.barrier.is_over(iteration):
                     return
                 continue
+            since = self._waiting_since.pop(request.worker_id, None)
+            if since is not None:
+                self.metrics.plan_wait.labels(str(request.worker_id)).observe(
+                    time.monotonic() - since
+                )
             yield plan_to_proto(plan, self.table)
             if plan.final_flush:
                 return
@@ -152,6 +159,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         committed = self.barrier.report_done(
             request.worker_id, request.iteration, request.loss_sum, request.samples
         )
+        self._waiting_since[request.worker_id] = time.monotonic()
         m, c, worker = self.metrics, request.counters, str(request.worker_id)
         with self._reported_lock:
             self.reported.add(Traffic.from_proto(c))

@@ -77,24 +77,34 @@ class AllReduceDense(DenseSync):
         self.ps, self.param, self.optimizer = ps, param, optimizer
         self.all_reduce = all_reduce
         self.checkpoint_every = checkpoint_every
-        # Start from the PS's dense table (initial values, or where a resumed run left it).
-        rows, versions, state = ps.pull_with_state(param.name, param.keys)
-        self._rows: Floats = np.ascontiguousarray(rows, dtype=np.float32)
-        self._state: Floats = np.ascontiguousarray(state, dtype=np.float32)
-        self._versions = versions.astype(np.int64)
-        self._written = self._versions.copy()  # the versions the PS holds
-        self._checkpoint_bytes = 0
+        self._rows: Floats | None = None  # read from the PS at the first iteration
+        self._state: Floats = np.empty(0, np.float32)
+        self._versions = np.empty(0, np.int64)
+        self._written = self._versions  # the versions the PS holds
+        self._ps_bytes = 0
+
+    def _replica(self) -> Floats:
+        """The replica's value rows, read from the PS dense table on first use (its initial
+        values, or where a restored snapshot left it): the table exists once plans flow."""
+        if self._rows is None:
+            rows, versions, state = self.ps.pull_with_state(self.param.name, self.param.keys)
+            self._rows = np.ascontiguousarray(rows, dtype=np.float32)
+            self._state = np.ascontiguousarray(state, dtype=np.float32)
+            self._versions = versions.astype(np.int64)
+            self._written = self._versions.copy()
+            self._ps_bytes += self._rows.nbytes + self._state.nbytes + 16 * self.param.rows
+        return self._rows
 
     @property
     def bytes_moved(self) -> int:  # type: ignore[override]
-        return self.all_reduce.bytes_moved + self._checkpoint_bytes
+        return self.all_reduce.bytes_moved + self._ps_bytes
 
     def values(self) -> Floats:
-        return self.param.from_rows(self._rows)
+        return self.param.from_rows(self._replica())
 
     def update(self, grad: Floats, iteration: int, final: bool) -> None:
         total = self.all_reduce.sum(np.asarray(grad, dtype=np.float32), iteration)
-        self.optimizer.apply(self._rows, self._state, self.param.to_rows(total))
+        self.optimizer.apply(self._replica(), self._state, self.param.to_rows(total))
         self._versions += 1  # one commit's worth, as the PS would count it
         due = self.checkpoint_every > 0 and (iteration + 1) % self.checkpoint_every == 0
         if self.all_reduce.rank == 0 and (final or due):
@@ -102,14 +112,14 @@ class AllReduceDense(DenseSync):
 
     def write_to_ps(self) -> None:
         """Store the replica in the PS dense table (version-guarded, as any write-back)."""
-        p = self.param
-        self.ps.write_back(p.name, p.keys, self._rows, self._state, self._written, self._versions)
+        p, rows = self.param, self._replica()
+        self.ps.write_back(p.name, p.keys, rows, self._state, self._written, self._versions)
         self._written = self._versions.copy()
-        self._checkpoint_bytes += self._rows.nbytes + self._state.nbytes + 24 * p.rows
+        self._ps_bytes += rows.nbytes + self._state.nbytes + 24 * p.rows
 
     def replica(self) -> tuple[Floats, Floats]:
         """(values rows, optimizer state) of this worker's replica; for tests and checks."""
-        return self._rows.copy(), self._state.copy()
+        return self._replica().copy(), self._state.copy()
 
     def close(self) -> None:
         self.all_reduce.close()

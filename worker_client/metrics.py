@@ -15,9 +15,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from heraldps.modes import HET_MODE
 from heraldps.traffic import Traffic
 from worker_client.cache import EmbeddingCache
+from worker_client.timing import PHASES
 
 ROW_KINDS = ("pull", "grad_push", "write_back", "final_flush", "version_check")
 _ITERATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class WorkerMetrics:
@@ -91,6 +93,17 @@ class WorkerMetrics:
             "heraldps_worker_loss", "Mean training loss of the worker's last mini-batch", labels,
             registry=r,
         )  # fmt: skip
+        self.phase_seconds = Histogram(
+            "heraldps_worker_phase_seconds",
+            "Seconds of one iteration spent in each phase (plan_wait, pull, dense_pull, "
+            "compute, optimizer, push, write_back, dense_push, report)", [*labels, "phase"],
+            buckets=PHASE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.dense_bytes = Counter(
+            "heraldps_worker_dense_bytes",
+            "Bytes of dense parameters sent and received (PS pull/push or all-reduce)", labels,
+            registry=r,
+        )  # fmt: skip
         self._labels: tuple[str, str] | None = None
         self._row_bytes: dict[str, int] = {}
 
@@ -123,6 +136,9 @@ class WorkerMetrics:
         for kind in self._row_bytes:
             self.bytes.labels(*labels, kind)
         self.iteration_seconds.labels(*labels)
+        self.dense_bytes.labels(*labels)
+        for phase in PHASES:
+            self.phase_seconds.labels(*labels, phase)
         self.staleness_bound.labels(*labels).set(staleness if mode == HET_MODE else 0)
         self.cache_capacity.labels(*labels).set(cache_rows)
         self.cache_rows.labels(*labels).set(0)
@@ -137,8 +153,9 @@ class WorkerMetrics:
         samples: int,
         seconds: float,
         cache: EmbeddingCache,
+        phases: dict[str, float] | None = None,
     ) -> None:
-        """One reported iteration: its traffic, loss, time and the cache's state after it."""
+        """One reported iteration: its traffic, loss, time (per phase) and the cache after it."""
         if self._labels is None:
             raise RuntimeError("WorkerMetrics.bind must come before observe")
         labels = self._labels
@@ -157,6 +174,9 @@ class WorkerMetrics:
             self.rows.labels(*labels, kind).inc(rows)
             if kind in self._row_bytes:
                 self.bytes.labels(*labels, kind).inc(rows * self._row_bytes[kind])
+        self.dense_bytes.labels(*labels).inc(traffic.dense_bytes)
+        for phase, spent in (phases or {}).items():
+            self.phase_seconds.labels(*labels, phase).observe(spent)
         self.cache_hits.labels(*labels).inc(traffic.hits)
         self.cache_lookups.labels(*labels).inc(traffic.hits + traffic.pulls)
         self.stale_rows.labels(*labels).inc(traffic.stale)

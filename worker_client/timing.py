@@ -1,0 +1,56 @@
+"""Where a worker's iteration goes: wall time per phase, summed over the iteration.
+
+Phases (seconds, per iteration):
+
+- ``plan_wait``: blocked on the plan stream (the other workers and the previous commit);
+- ``pull``: embedding pulls (HET's version checks too);
+- ``dense_pull``: the dense table from the PS (``--dense-sync ps`` only);
+- ``compute``: the model's forward and backward pass;
+- ``optimizer``: the optimizer applied in the cache (rows this worker owns, HET's local steps);
+- ``push``: embedding gradient pushes;
+- ``write_back``: write-backs, the final flush included;
+- ``dense_push``: the dense gradient: pushed to the PS, or all-reduced and applied;
+- ``report``: the ``ReportDone`` call (for the last reporter, the commit on every shard).
+
+:data:`RPC_PHASES` are spent in RPCs: their share of the iteration is the network's.
+Overlapped work (pipelining) counts only where the worker blocks on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+PHASES = ("plan_wait", "pull", "dense_pull", "compute", "optimizer", "push", "write_back",
+          "dense_push", "report")  # fmt: skip
+RPC_PHASES = ("pull", "dense_pull", "push", "write_back", "dense_push", "report")
+
+
+class PhaseTimer:
+    """Accumulates ``with timer("phase"):`` blocks until ``take`` hands them over."""
+
+    def __init__(self) -> None:
+        self._seconds = dict.fromkeys(PHASES, 0.0)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[phase] += time.perf_counter() - started
+
+    def add(self, phase: str, seconds: float) -> None:
+        self._seconds[phase] += seconds
+
+    def take(self) -> dict[str, float]:
+        """This iteration's seconds per phase; the timer starts over."""
+        seconds, self._seconds = self._seconds, dict.fromkeys(PHASES, 0.0)
+        return seconds
+
+
+def network_share(phases: dict[str, float]) -> float:
+    """Fraction of the iteration spent in RPCs (0 for an empty iteration)."""
+    total = sum(phases.values())
+    return sum(phases.get(p, 0.0) for p in RPC_PHASES) / total if total > 0 else 0.0
