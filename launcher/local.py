@@ -39,6 +39,7 @@ from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
 from worker_client.evaluation import auc, logloss
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches, select
+from worker_client.timing import PHASES, network_share
 
 
 class Progress(Protocol):
@@ -59,15 +60,17 @@ class ModeResult:
     samples_per_second: float
     traffic: dict[str, int]
     ps_counted: dict[str, int]
-    per_iteration: list[dict[str, float]]
+    per_iteration: list[dict[str, Any]]
     auc: float
     logloss: float
     row_bytes: dict[str, int]
+    global_batch: int = 0
     model: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def report(self) -> dict[str, Any]:
         """The mode's figures as ``--json`` writes them (rows, bytes, quality, speed)."""
         t, b = self.traffic, self.row_bytes
+        phases, period = median_phases(self.per_iteration), median_period(self.per_iteration)
         flush_bytes = b["final_flush"]
         pushes = t["grad_pushes"] + t["write_backs"]
         bytes_pulled = t["pulls"] * b["pull"]
@@ -86,11 +89,16 @@ class ModeResult:
             "bytes_final_flush": t["final_flush"] * flush_bytes,
             "bytes_moved_with_flush": bytes_pulled + bytes_pushed + t["final_flush"] * flush_bytes,
             "sample_bytes": t["sample_bytes"],
+            "dense_bytes": t["dense_bytes"],
             "auc": self.auc,
             "logloss": self.logloss,
             "iterations": self.iterations,
             "seconds": self.seconds,
             "samples_per_second": self.samples_per_second,
+            "iteration_seconds_median": period,
+            "samples_per_second_median": self.global_batch / period if period > 0 else 0.0,
+            "phases_median": phases,
+            "network_share": network_share(phases),
             "ps_counted": self.ps_counted,
             "per_iteration": self.per_iteration,
         }
@@ -229,6 +237,7 @@ def run_mode(
             auc=auc_value,
             logloss=logloss_value,
             row_bytes=job.row_bytes(mode),
+            global_batch=job.global_batch,
             model=kept,
         )
     finally:
@@ -283,24 +292,45 @@ def _monitor(
 
 def _combine(
     reports: list[dict[str, Any]], iterations: int, global_batch: int
-) -> tuple[dict[str, int], list[dict[str, float]]]:
-    """Traffic summed over workers; per iteration: rows moved, mean loss, and the
-    slowest worker's time from receiving its plan to its report."""
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Traffic summed over workers; per iteration: rows moved, mean loss, the slowest
+    worker's time from receiving its plan to its report, the workers' mean seconds per
+    phase, and the period (the slowest worker's plan-to-plan time: all phases)."""
     keys = ("pulls", "grad_pushes", "write_backs", "final_flush", "version_checks", "hits",
-            "sample_bytes")  # fmt: skip
+            "sample_bytes", "dense_bytes")  # fmt: skip
     totals = dict.fromkeys(keys, 0)
-    per_iteration = [
-        {"loss": 0.0, "seconds": 0.0, **dict.fromkeys(keys, 0)} for _ in range(iterations)
-    ]
+    per_iteration: list[dict[str, Any]] = [
+        {"loss": 0.0, "seconds": 0.0, "period": 0.0, "phases": dict.fromkeys(PHASES, 0.0),
+         **dict.fromkeys(keys, 0)}
+        for _ in range(iterations)
+    ]  # fmt: skip
+    workers = max(len(reports), 1)
     for report in reports:
         for entry in report["iterations"]:
             row = per_iteration[entry["iteration"]]
             row["loss"] += entry["loss_sum"] / global_batch
             row["seconds"] = max(row["seconds"], entry["seconds"])  # the slowest worker
+            phases = entry.get("phases", {})
+            row["period"] = max(row["period"], sum(phases.values()))
+            for phase, spent in phases.items():
+                row["phases"][phase] += spent / workers
             for k in keys:
-                row[k] += entry[k]
-                totals[k] += entry[k]
+                row[k] += entry.get(k, 0)
+                totals[k] += entry.get(k, 0)
     return totals, per_iteration
+
+
+def median_phases(per_iteration: list[dict[str, Any]]) -> dict[str, float]:
+    """Median over iterations of the workers' mean seconds per phase. The first
+    iteration is left out when there are others: its plan wait is start-up, not training."""
+    rows = per_iteration[1:] or per_iteration
+    return {p: float(np.median([r["phases"][p] for r in rows])) if rows else 0.0 for p in PHASES}
+
+
+def median_period(per_iteration: list[dict[str, Any]]) -> float:
+    """Median plan-to-plan seconds of the slowest worker (first iteration left out)."""
+    rows = per_iteration[1:] or per_iteration
+    return float(np.median([r["period"] for r in rows])) if rows else 0.0
 
 
 def run_local(

@@ -1,7 +1,8 @@
 """What ``heraldps local`` shows and writes: the table per mode and the JSON report.
 
-The default table fits 100 columns (mode, speed, rows moved with the final
-flush, their ratio to naive, MiB, sample MiB, AUC, logloss); ``--wide`` adds
+The default table fits 100 columns (mode, speed, the network's share of an
+iteration, rows moved with the final flush, their ratio to naive, MiB, sample
+MiB, AUC, logloss); ``--wide`` adds
 every count and the ratios without the flush; ``--json`` has all of it per
 iteration.
 """
@@ -31,22 +32,23 @@ def summary_table(results: dict[str, ModeResult]) -> Table:
     reports = {mode: r.report() for mode, r in results.items()}
     base = reports.get("naive")
     table = Table(title="heraldps local: traffic and quality per mode")
-    for column in ("mode", "samples/s", "rows moved", "vs naive", "MiB", "sample MiB", "AUC",
-                   "logloss"):  # fmt: skip
+    for column in ("mode", "samples/s", "net %", "rows moved", "vs naive", "MiB", "sample MiB",
+                   "AUC", "logloss"):  # fmt: skip
         table.add_column(column, justify="left" if column == "mode" else "right")
     for mode, r in reports.items():
         vs_naive = _ratio(r["moved_with_flush"], base["moved_with_flush"]) if base else "-"
         table.add_row(
-            mode, f"{r['samples_per_second']:,.0f}", f"{r['moved_with_flush']:,}", vs_naive,
-            _mib(r["bytes_moved_with_flush"]), _mib(r["sample_bytes"]), f"{r['auc']:.4f}",
-            f"{r['logloss']:.4f}",
+            mode, f"{r['samples_per_second']:,.0f}", f"{100 * r['network_share']:.0f}",
+            f"{r['moved_with_flush']:,}", vs_naive, _mib(r["bytes_moved_with_flush"]),
+            _mib(r["sample_bytes"]), f"{r['auc']:.4f}", f"{r['logloss']:.4f}",
         )  # fmt: skip
     return table
 
 
 SUMMARY_KEY = (
-    "rows moved = pulls + gradient pushes + write-backs + final flush (MiB: their payload); "
-    "sample MiB = samples sent with the plans"
+    "net % = median share of a worker's iteration spent in RPCs; rows moved = pulls + "
+    "gradient pushes + write-backs + final flush (MiB: their payload); sample MiB = samples "
+    "sent with the plans"
 )
 
 

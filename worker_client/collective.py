@@ -18,6 +18,7 @@ same bits and their replicas stay equal.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 from typing import Any
 
@@ -159,6 +160,7 @@ class AllReduce:
         self._stubs = {w: collective_pb2_grpc.CollectiveStub(c) for w, c in self._channels.items()}
         self._peer_addresses = peers
         self.bytes_moved = 0  # payload bytes sent and received, all rounds
+        self.wait_seconds = 0.0  # blocked on peers' parts, all rounds
 
     def _part(self, values: Floats, part: int) -> Floats:
         return values[self.edges[part] : self.edges[part + 1]]
@@ -179,6 +181,13 @@ class AllReduce:
             except grpc.RpcError as err:
                 raise error_from_rpc(err, self._peer_addresses[w]) from None
 
+    def _take(self, round_: int, phase: int, senders: list[int]) -> list[Floats]:
+        started = time.perf_counter()
+        try:
+            return self.mailbox.take(round_, phase, senders, self.timeout)
+        finally:
+            self.wait_seconds += time.perf_counter() - started
+
     def sum(self, values: Floats, round_: int) -> Floats:
         """The elementwise sum of every worker's ``values`` for round ``round_``."""
         values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
@@ -188,14 +197,14 @@ class AllReduce:
             return values.copy()
         others = [w for w in range(self.workers) if w != self.rank]
         self._send(round_, REDUCE_SCATTER, {w: self._part(values, w) for w in others})
-        received = self.mailbox.take(round_, REDUCE_SCATTER, others, self.timeout)
+        received = self._take(round_, REDUCE_SCATTER, others)
         copies = dict(zip(others, received, strict=True))
         copies[self.rank] = self._part(values, self.rank)
         mine = copies[0].copy()
         for w in range(1, self.workers):  # worker order: the same sum on every worker
             mine += copies[w]
         self._send(round_, ALL_GATHER, dict.fromkeys(others, mine))
-        gathered = self.mailbox.take(round_, ALL_GATHER, others, self.timeout)
+        gathered = self._take(round_, ALL_GATHER, others)
         self.mailbox.finish(round_)
         out = np.empty(self.size, dtype=np.float32)
         for w, part in zip(others, gathered, strict=True):

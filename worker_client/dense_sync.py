@@ -32,6 +32,7 @@ class DenseSync(abc.ABC):
     """The dense parameters of one worker: read them, update them with a gradient."""
 
     bytes_moved = 0  # payload bytes of dense parameters sent and received so far
+    wait_seconds = 0.0  # blocked on other workers (the all-reduce is a barrier) so far
 
     @abc.abstractmethod
     def values(self) -> Floats:
@@ -98,6 +99,10 @@ class AllReduceDense(DenseSync):
     @property
     def bytes_moved(self) -> int:  # type: ignore[override]
         return self.all_reduce.bytes_moved + self._ps_bytes
+
+    @property
+    def wait_seconds(self) -> float:  # type: ignore[override]
+        return self.all_reduce.wait_seconds
 
     def values(self) -> Floats:
         return self.param.from_rows(self._replica())

@@ -96,7 +96,8 @@ class WorkerMetrics:
         self.phase_seconds = Histogram(
             "heraldps_worker_phase_seconds",
             "Seconds of one iteration spent in each phase (plan_wait, pull, dense_pull, "
-            "compute, optimizer, push, write_back, dense_push, report)", [*labels, "phase"],
+            "compute, optimizer, push, write_back, dense_push, peer_wait, report)",
+            [*labels, "phase"],
             buckets=PHASE_BUCKETS, registry=r,
         )  # fmt: skip
         self.dense_bytes = Counter(

@@ -28,6 +28,7 @@ from worker_client.dense_sync import DenseSync, PSDense
 from worker_client.device import to_host
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import MiniBatch, select
+from worker_client.timing import PhaseTimer
 
 Keys = npt.NDArray[np.int64]
 
@@ -55,6 +56,7 @@ class Step(abc.ABC):
         self.model = job.model(xp)
         self.optimizer = job.make_optimizer()
         self.dense = dense or PSDense(ps, job.dense_parameter(self.model.dense_size))
+        self.timer = PhaseTimer()
         self.cache = EmbeddingCache(
             cache_rows,
             job.embedding_dim,
@@ -95,24 +97,32 @@ class Step(abc.ABC):
         """(loss sum, embedding gradients [rows], dense gradient) of the mini-batch on the
         cached rows ``slots`` (one per key of ``mb.keys``); gradients stay on the device."""
         xp = self.xp
-        dense = xp.asarray(self.dense.values())
-        emb = self.cache.gather(slots)
-        return self.model.forward_backward(
-            dense,
-            emb,
-            xp.asarray(mb.field_rows),
-            xp.asarray(mb.dense),
-            xp.asarray(mb.labels),
-            loss_scale=float(self.job.global_batch),
-        )
+        with self.timer("dense_pull"):  # all-reduce: a copy of the replica
+            dense = xp.asarray(self.dense.values())
+        with self.timer("compute"):
+            emb = self.cache.gather(slots)
+            return self.model.forward_backward(
+                dense,
+                emb,
+                xp.asarray(mb.field_rows),
+                xp.asarray(mb.dense),
+                xp.asarray(mb.labels),
+                loss_scale=float(self.job.global_batch),
+            )
 
     def write_back(self, keys: Keys) -> None:
         """Return dirty cached rows to the PS; the PS checks each row's base clock."""
-        rows = self.cache.rows_for_write_back(keys)
-        self.ps.write_back(EMBEDDING_TABLE, rows.keys, rows.values, rows.state,
-                           rows.base_versions, rows.new_versions)  # fmt: skip
-        self.cache.mark_written(rows)
+        with self.timer("write_back"):
+            rows = self.cache.rows_for_write_back(keys)
+            self.ps.write_back(EMBEDDING_TABLE, rows.keys, rows.values, rows.state,
+                               rows.base_versions, rows.new_versions)  # fmt: skip
+            self.cache.mark_written(rows)
 
     def push_dense(self, dense_grad: Any, iteration: int, final: bool = False) -> None:
         """Hand the dense gradient to the dense sync (all-reduce and apply, or push)."""
-        self.dense.update(to_host(dense_grad), iteration, final)
+        waited = self.dense.wait_seconds
+        with self.timer("dense_push"):
+            self.dense.update(to_host(dense_grad), iteration, final)
+        waited = self.dense.wait_seconds - waited  # for the other workers: not network time
+        self.timer.add("dense_push", -waited)
+        self.timer.add("peer_wait", waited)

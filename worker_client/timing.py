@@ -9,7 +9,10 @@ Phases (seconds, per iteration):
 - ``optimizer``: the optimizer applied in the cache (rows this worker owns, HET's local steps);
 - ``push``: embedding gradient pushes;
 - ``write_back``: write-backs, the final flush included;
-- ``dense_push``: the dense gradient: pushed to the PS, or all-reduced and applied;
+- ``dense_push``: the dense gradient: pushed to the PS, or all-reduced (sending) and applied;
+- ``peer_wait``: the all-reduce waiting for the other workers' parts. The all-reduce is a
+  barrier among workers, so a worker that finished first waits here (as it waits in
+  ``plan_wait`` under ``--dense-sync ps``); the transfer of the peers' parts is in here too;
 - ``report``: the ``ReportDone`` call (for the last reporter, the commit on every shard).
 
 :data:`RPC_PHASES` are spent in RPCs: their share of the iteration is the network's.
@@ -23,7 +26,7 @@ import time
 from collections.abc import Iterator
 
 PHASES = ("plan_wait", "pull", "dense_pull", "compute", "optimizer", "push", "write_back",
-          "dense_push", "report")  # fmt: skip
+          "dense_push", "peer_wait", "report")  # fmt: skip
 RPC_PHASES = ("pull", "dense_pull", "push", "write_back", "dense_push", "report")
 
 

@@ -148,32 +148,38 @@ def run_worker(config: WorkerConfig) -> int:
         log.info("worker %d: mode %s, cache %d rows", w, reply.mode, reply.cache_rows)
         dense_bytes = step.dense.bytes_moved
         stream = scheduler.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w))
+        waiting = time.perf_counter()
         for message in stream:
             started = time.perf_counter()
+            step.timer.add("plan_wait", started - waiting)
             plan = plan_from_proto(message)
             traffic, loss = step.run(plan)
             traffic.sample_bytes = message.mini_batch.ByteSize()
             traffic.dense_bytes = step.dense.bytes_moved - dense_bytes
             dense_bytes = step.dense.bytes_moved
             samples = int(plan.samples.shape[0])
-            scheduler.ReportDone(
-                scheduler_pb2.ReportDoneRequest(
-                    worker_id=w,
-                    iteration=plan.iteration,
-                    counters=traffic.to_proto(),
-                    loss_sum=loss,
-                    samples=samples,
-                ),
-                timeout=config.timeout_seconds,
-            )
-            seconds = time.perf_counter() - started
-            metrics.observe(plan.iteration, traffic, loss, samples, seconds, step.cache)
+            with step.timer("report"):
+                scheduler.ReportDone(
+                    scheduler_pb2.ReportDoneRequest(
+                        worker_id=w,
+                        iteration=plan.iteration,
+                        counters=traffic.to_proto(),
+                        loss_sum=loss,
+                        samples=samples,
+                    ),
+                    timeout=config.timeout_seconds,
+                )
+            waiting = time.perf_counter()
+            seconds = waiting - started
+            phases = step.timer.take()
+            metrics.observe(plan.iteration, traffic, loss, samples, seconds, step.cache, phases)
             history.append(
                 {
                     "iteration": plan.iteration,
                     "loss_sum": loss,
                     "samples": samples,
                     "seconds": seconds,
+                    "phases": phases,
                     **traffic.as_dict(),
                 }
             )
