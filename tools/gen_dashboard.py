@@ -185,6 +185,13 @@ SCHEDULER = [
         "s",
     ),
     Panel(
+        "Workers' wait for plans",
+        "From a worker's report to its next plan leaving the scheduler (the barrier), p50 and "
+        "p99, per worker.",
+        quantiles("heraldps_scheduler_plan_wait_seconds", "worker", "worker {{worker}}"),
+        "s",
+    ),
+    Panel(
         "Assignment locality",
         "Share of samples (with any key cached somewhere) sent to a worker that holds the most "
         "of their keys validly. Location-aware partitioning raises it; sequential is the "
@@ -302,6 +309,21 @@ WORKERS = [
         "s",
     ),
     Panel(
+        "Where an iteration goes",
+        "Seconds per iteration in each phase, all workers averaged (docs/workers.md, 'Where an "
+        "iteration goes'): plan_wait and peer_wait are barriers; pull, dense_pull, push, "
+        "write_back, dense_push and report are RPCs, the network's share.",
+        (
+            Query(
+                f"sum by (phase) (rate(heraldps_worker_phase_seconds_sum[{RATE}])) / "
+                f"ignoring(phase) group_left sum(rate(heraldps_worker_iterations_total[{RATE}]))",
+                "{{phase}}",
+            ),
+        ),
+        "s",
+        options={"stacking": "normal"},
+    ),
+    Panel(
         "HET staleness",
         "Per worker: cached rows found more than s behind the PS (refetched), rows released "
         "after more than s local updates, per second; and the bound s.",
@@ -349,6 +371,9 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
     defaults: dict[str, Any] = {"unit": panel.unit}
     if panel.limits is not None:
         defaults["min"], defaults["max"] = panel.limits
+    if "stacking" in panel.options:  # a stacked time series (parts of one whole)
+        defaults["custom"] = {"stacking": {"mode": panel.options["stacking"], "group": "A"},
+                              "fillOpacity": 60}  # fmt: skip
     targets = [
         {
             "datasource": DATASOURCE,
