@@ -1,4 +1,6 @@
-"""``heraldps local``: a whole cluster on 127.0.0.1 training one mode after another.
+"""``heraldps local``: a whole cluster on 127.0.0.1 (or, with ``--link-mbit``, on an
+emulated network of one link per process: :mod:`launcher.netns`) training one mode
+after another.
 
 For each mode: start S PS shards, create the tables, start the scheduler
 (the Herald mode, or ``het`` for HET workers) and N worker processes, feed
@@ -10,6 +12,7 @@ Prometheus counters.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import threading
@@ -30,12 +33,15 @@ from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.cluster import (
     ClusterError,
     ManagedProcess,
+    Placement,
+    link_rates,
     ps_process,
     scheduler_process,
     start_servers,
     worker_process,
 )
 from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
+from launcher.netns import ClusterNetwork
 from worker_client.evaluation import auc, logloss
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches, select
@@ -158,11 +164,12 @@ def run_mode(
     keep_model: bool = False,
     store: str = "staged",
     cache_gb: float = 1.0,
+    network: ClusterNetwork | None = None,
 ) -> ModeResult:
     """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure.
 
     ``store="cached"`` runs Cached-PS shards (LMDB under ``workdir``) with ``cache_gb`` of
-    host cache per table."""
+    host cache per table. With ``network`` every process runs in its namespace there."""
     workdir.mkdir(parents=True, exist_ok=True)
     batches = global_batches(train, job.global_batch, job.iterations, job.epochs)
     job_path = workdir / "job.json"
@@ -174,20 +181,25 @@ def run_mode(
         if store == "cached":
             store_args = ("--store", "cached", "--data-dir", str(workdir / "ps-data"),
                           "--cache-gb", str(cache_gb))  # fmt: skip
-        shard_procs = [ps_process(i, shards, workdir, store_args) for i in range(shards)]
+        shard_procs = [
+            ps_process(i, shards, workdir, store_args, **_placed(network, f"ps-{i}"))
+            for i in range(shards)
+        ]
         processes += shard_procs
         start_servers(shard_procs)
         addresses = [p.address for p in shard_procs]
         ps = PSClient(addresses)
         ps.wait_ready()
         job.create_tables(ps)
-        scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir)
+        scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir,
+                                      **_placed(network, "scheduler"))  # fmt: skip
         processes.append(scheduler)
         start_servers([scheduler])
         workers = [
-            worker_process(w, job_path, scheduler.address, addresses, workdir)
+            worker_process(w, job_path, scheduler.address, addresses, workdir,
+                           **_placed(network, f"worker-{w}"))
             for w in range(job.workers)
-        ]
+        ]  # fmt: skip
         processes += workers
         started = time.perf_counter()
         errors: list[BaseException] = []
@@ -235,6 +247,14 @@ def run_mode(
         stop.set()
         for process in reversed(processes):
             process.stop()
+
+
+def _placed(network: ClusterNetwork | None, name: str) -> Placement:
+    """``host`` and ``namespace`` of process ``name`` on ``network`` (none: loopback)."""
+    if network is None:
+        return {}
+    endpoint = network.endpoint(name)
+    return {"host": endpoint.host, "namespace": endpoint.namespace}
 
 
 def _monitor(
@@ -313,21 +333,28 @@ def run_local(
     progress: Progress | None = None,
     store: str = "staged",
     cache_gb: float = 1.0,
+    link_mbit: float | None = None,
+    ps_link_mbit: float | None = None,
 ) -> dict[str, ModeResult]:
     """Every mode on its own fresh cluster, same batches and model; results by mode.
 
     Without ``workdir`` the logs live in a temporary directory that is removed at the
     end, so a failure's message says so instead of naming a file that no longer exists.
+    With ``link_mbit`` every process runs behind its own link of that rate (PS shards:
+    ``ps_link_mbit``) on one emulated network, built once for all modes.
     """
     results = {}
-    with tempfile.TemporaryDirectory(prefix="heraldps-local-") as scratch:
+    network: contextlib.AbstractContextManager[ClusterNetwork | None] = contextlib.nullcontext()
+    if link_mbit is not None:
+        network = ClusterNetwork(link_rates(shards, job.workers, link_mbit, ps_link_mbit))
+    with tempfile.TemporaryDirectory(prefix="heraldps-local-") as scratch, network as net:
         root = workdir or Path(scratch)
         for mode in modes:
             try:
                 results[mode] = run_mode(
                     job if mode == HET_MODE else replace(job, staleness=0),
                     mode, shards, train, eval_data, root / mode, progress, store=store,
-                    cache_gb=cache_gb,
+                    cache_gb=cache_gb, network=net,
                 )  # fmt: skip
             except ClusterError as exc:
                 if workdir is not None:

@@ -49,6 +49,7 @@ class WorkerConfig:
     timeout_seconds: float = 120.0
     prefetch: str | None = None  # keyset file loaded into the PS caches before training
     metrics_port: int | None = None  # serve Prometheus /metrics here (0: a free port)
+    advertise_host: str = "127.0.0.1"  # where other workers reach this one (all-reduce server)
 
 
 def make_step(

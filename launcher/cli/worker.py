@@ -24,6 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
     )
+    p.add_argument(
+        "--advertise-host",
+        default="127.0.0.1",
+        help="address other workers reach this worker at (its all-reduce server)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         job=args.job, worker_id=args.worker_id, scheduler=args.scheduler,
         ps=addresses(args.ps), report=args.report,
         timeout_seconds=args.timeout_seconds, prefetch=args.prefetch,
-        metrics_port=args.metrics_port,
+        metrics_port=args.metrics_port, advertise_host=args.advertise_host,
     )  # fmt: skip
     return run_worker(config)
 
