@@ -284,7 +284,7 @@ def remove_network(owner: int) -> bool:
 def remove_stale() -> list[int]:
     """Remove the networks of launchers that are no longer running; their PIDs."""
     owners = {owner_of(n) for n in [*iproute.namespaces(), *iproute.links()]} - {None}
-    dead = sorted(o for o in owners if o is not None and not _alive(o))
+    dead = sorted(o for o in owners if o is not None and not running(o))
     for owner in dead:
         remove_network(owner)
     return dead
@@ -301,7 +301,7 @@ def spawn_reaper(owner: int) -> subprocess.Popen[bytes]:
     )
 
 
-def _alive(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Running (a zombie, dead but not yet waited for, is not)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -312,7 +312,7 @@ def _alive(pid: int) -> bool:
 
 def _wait_gone(pids: list[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 

@@ -77,6 +77,8 @@ def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:
         (["--shards", "0"], "argument --shards: must be >= 1, got 0"),
         (["--device", "gpu"], "--device gpu needs CuPy and a CUDA GPU"),
         (["--modes", "herald,fast"], "--modes takes a comma-separated subset"),
+        (["--ps-link-mbit", "100"], "--ps-link-mbit sets the PS shards' links: add --link-mbit"),
+        (["--link-mbit", "0"], "argument --link-mbit: must be a finite number > 0, got 0"),
         (
             ["--data", "CSV_NOHEADER", "--format", "csv"],
             "read as the header, is: 'u0,i0,0' (if that is data, add a header line",
