@@ -1,0 +1,115 @@
+"""``heraldps local --link-mbit``: a cluster on the emulated network, and that nothing of
+the network outlives a run: not a normal end, not a crashed worker, not SIGTERM, not
+a SIGKILL of the launcher itself (its reaper removes it).
+
+Needs root (or CAP_NET_ADMIN), iproute2 and tbf; skipped with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.netns import running
+from tests.network import leftovers, require_network
+
+
+@pytest.fixture(scope="module", autouse=True)
+def network_here() -> None:
+    require_network()
+
+
+def heraldps_local(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher", "local", *args]
+
+
+def test_a_run_on_50_mbit_links_reports_them_and_leaves_nothing(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        heraldps_local("--modes", "herald", "--iterations", "3", "--workers", "2",
+                       "--link-mbit", "50", "--ps-link-mbit", "100", "--json", str(report),
+                       "--workdir", str(tmp_path / "work")),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "links 50 Mbit/s per process, PS 100 (no latency emulation)" in " ".join(out.split())
+    # /metrics of every shard read through the bridge: the shards' counters match.
+    assert "PS agrees: the shards' counters equal the workers' counts in every mode" in out
+    config = json.loads(report.read_text())["config"]
+    assert (config["link_mbit"], config["ps_link_mbit"]) == (50.0, 100.0)
+    # Every process served on, and was reached at, its own address on the bridge.
+    log = (tmp_path / "work" / "herald" / "scheduler.log").read_text()
+    assert "scheduler serving on 10.213." in log and "'ps': ('10.213." in log
+    assert not leftovers(proc.pid)
+
+
+def start_long_run(workdir: Path) -> subprocess.Popen[str]:
+    """A run far longer than the test, with every worker started."""
+    log = open(workdir.parent / "launcher.log", "w")  # noqa: SIM115 (the child writes it)
+    proc = subprocess.Popen(
+        heraldps_local("--modes", "naive", "--epochs", "200", "--link-mbit", "50",
+                       "--workdir", str(workdir)),
+        stdout=log, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    log.close()
+    last_worker = workdir / "naive" / "worker-3.pid"
+    deadline = time.monotonic() + 120
+    while not last_worker.exists():
+        assert proc.poll() is None, (workdir.parent / "launcher.log").read_text()
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    time.sleep(2)
+    assert leftovers(proc.pid)  # the network is there while it runs
+    return proc
+
+
+def cluster_pids(workdir: Path) -> list[int]:
+    return [int(p.read_text()) for p in (workdir / "naive").glob("*.pid")]
+
+
+def wait_removed(owner: int, pids: list[int], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while (leftovers(owner) or any(running(p) for p in pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not leftovers(owner)
+    assert not [p for p in pids if running(p)]
+
+
+def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: Path) -> None:
+    proc = start_long_run(tmp_path / "work")
+    pids = cluster_pids(tmp_path / "work")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    wait_removed(proc.pid, pids)  # the reaper's work: no new start needed
+    assert "heraldps reaper: launcher" in (tmp_path / "launcher.log").read_text()
+
+
+def test_sigterm_of_the_launcher_stops_the_cluster_and_removes_the_network(
+    tmp_path: Path,
+) -> None:
+    proc = start_long_run(tmp_path / "work")
+    pids = cluster_pids(tmp_path / "work")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert "interrupted; every process was stopped" in (tmp_path / "launcher.log").read_text()
+    assert not leftovers(proc.pid)
+    wait_removed(proc.pid, pids, seconds=5)
+
+
+def test_sigkill_of_a_worker_fails_the_run_and_removes_the_network(tmp_path: Path) -> None:
+    proc = start_long_run(tmp_path / "work")
+    pids = cluster_pids(tmp_path / "work")
+    worker = int((tmp_path / "work" / "naive" / "worker-1.pid").read_text())
+    subprocess.run(["kill", "-9", str(worker)], check=True)
+    assert proc.wait(timeout=60) == 1
+    out = (tmp_path / "launcher.log").read_text()
+    assert "naive: worker-1 exited with code -9; its log" in out
+    assert not leftovers(proc.pid)
+    wait_removed(proc.pid, pids, seconds=5)
