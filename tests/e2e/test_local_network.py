@@ -8,10 +8,12 @@ Needs root (or CAP_NET_ADMIN), iproute2 and tbf; skipped with the reason elsewhe
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -50,24 +52,40 @@ def test_a_run_on_50_mbit_links_reports_them_and_leaves_nothing(tmp_path: Path) 
     assert not leftovers(proc.pid)
 
 
-def start_long_run(workdir: Path) -> subprocess.Popen[str]:
-    """A run far longer than the test, with every worker started."""
-    log = open(workdir.parent / "launcher.log", "w")  # noqa: SIM115 (the child writes it)
-    proc = subprocess.Popen(
-        heraldps_local("--modes", "naive", "--epochs", "200", "--link-mbit", "50",
-                       "--workdir", str(workdir)),
-        stdout=log, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    log.close()
-    last_worker = workdir / "naive" / "worker-3.pid"
-    deadline = time.monotonic() + 120
-    while not last_worker.exists():
-        assert proc.poll() is None, (workdir.parent / "launcher.log").read_text()
-        assert time.monotonic() < deadline, "the workers did not start"
-        time.sleep(0.1)
-    time.sleep(2)
-    assert leftovers(proc.pid)  # the network is there while it runs
-    return proc
+LongRun = Callable[[Path], "subprocess.Popen[str]"]
+
+
+@pytest.fixture
+def start_long_run() -> Iterator[LongRun]:
+    """Start runs far longer than the test, each returned once every worker started; any
+    still running at the end is killed (its reaper then removes the network)."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(workdir: Path) -> subprocess.Popen[str]:
+        log = open(workdir.parent / "launcher.log", "w")  # noqa: SIM115 (the child writes it)
+        proc = subprocess.Popen(
+            heraldps_local("--modes", "naive", "--epochs", "200", "--link-mbit", "50",
+                           "--workdir", str(workdir)),
+            stdout=log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        log.close()
+        started.append(proc)
+        last_worker = workdir / "naive" / "worker-3.pid"
+        deadline = time.monotonic() + 120
+        while not last_worker.exists():
+            assert proc.poll() is None, (workdir.parent / "launcher.log").read_text()
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        time.sleep(2)
+        assert leftovers(proc.pid)  # the network is there while it runs
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            wait_removed(proc.pid, [])
 
 
 def cluster_pids(workdir: Path) -> list[int]:
@@ -82,7 +100,7 @@ def wait_removed(owner: int, pids: list[int], seconds: float = 30.0) -> None:
     assert not [p for p in pids if running(p)]
 
 
-def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: Path) -> None:
+def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: Path, start_long_run: LongRun) -> None:
     proc = start_long_run(tmp_path / "work")
     pids = cluster_pids(tmp_path / "work")
     proc.send_signal(signal.SIGKILL)
@@ -92,7 +110,7 @@ def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_sigterm_of_the_launcher_stops_the_cluster_and_removes_the_network(
-    tmp_path: Path,
+    tmp_path: Path, start_long_run: LongRun
 ) -> None:
     proc = start_long_run(tmp_path / "work")
     pids = cluster_pids(tmp_path / "work")
@@ -103,11 +121,13 @@ def test_sigterm_of_the_launcher_stops_the_cluster_and_removes_the_network(
     wait_removed(proc.pid, pids, seconds=5)
 
 
-def test_sigkill_of_a_worker_fails_the_run_and_removes_the_network(tmp_path: Path) -> None:
+def test_sigkill_of_a_worker_fails_the_run_and_removes_the_network(
+    tmp_path: Path, start_long_run: LongRun
+) -> None:
     proc = start_long_run(tmp_path / "work")
     pids = cluster_pids(tmp_path / "work")
     worker = int((tmp_path / "work" / "naive" / "worker-1.pid").read_text())
-    subprocess.run(["kill", "-9", str(worker)], check=True)
+    os.kill(worker, signal.SIGKILL)
     assert proc.wait(timeout=60) == 1
     out = (tmp_path / "launcher.log").read_text()
     assert "naive: worker-1 exited with code -9; its log" in out
