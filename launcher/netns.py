@@ -59,11 +59,12 @@ BURST_PACKETS = 2
 QUEUE_SECONDS = 0.1
 SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 MAX_PROCESSES = 253  # one /24 per network: .1 is the bridge
+NEEDED_CAPABILITIES = 1 << 12 | 1 << 21  # CAP_NET_ADMIN, CAP_SYS_ADMIN
 _OWNED = re.compile(rf"^(?:{NAMESPACE_PREFIX}(\d+)-|{LINK_PREFIX}(\d+)[bv]\d*$)")
 
 
 class NetworkUnavailable(InvalidArgument):
-    """``--link-mbit`` cannot run here (no root/CAP_NET_ADMIN, no iproute2); says what to do."""
+    """``--link-mbit`` cannot run here (not root, no iproute2); says what to do."""
 
 
 @dataclass(frozen=True)
@@ -90,13 +91,15 @@ class Endpoint:
     host: str
 
 
-def has_net_admin() -> bool:
-    """Whether this process holds CAP_NET_ADMIN (root normally does)."""
+def has_capabilities() -> bool:
+    """Whether this process may build the network (root normally may): CAP_NET_ADMIN for
+    links and qdiscs, and CAP_SYS_ADMIN, which ``ip netns add`` and ``ip netns exec`` need
+    (a new namespace, a bind mount, a remount of /sys)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
                 if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) & (1 << 12))
+                    return int(line.split()[1], 16) & NEEDED_CAPABILITIES == NEEDED_CAPABILITIES
     except OSError:
         pass
     return os.geteuid() == 0
@@ -112,10 +115,11 @@ def check_requirements(
             f"--link-mbit needs iproute2's {' and '.join(missing)} on PATH (Debian/Ubuntu: "
             "apt-get install iproute2); or run without --link-mbit (loopback)"
         )
-    if not (has_net_admin() if has_cap is None else has_cap):
+    if not (has_capabilities() if has_cap is None else has_cap):
         raise NetworkUnavailable(
-            "--link-mbit creates network namespaces and needs root or CAP_NET_ADMIN: run as "
-            "root (sudo heraldps local ...), or without --link-mbit (loopback)"
+            "--link-mbit creates network namespaces and needs root (CAP_NET_ADMIN and "
+            "CAP_SYS_ADMIN): run as root (sudo heraldps local ...), or without --link-mbit "
+            "(loopback)"
         )
 
 

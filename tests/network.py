@@ -14,7 +14,7 @@ from launcher.netns import ClusterNetwork, NetworkUnavailable, check_requirement
 
 def require_network() -> None:
     """Skip, with the reason, unless this machine can build an emulated network
-    (root or CAP_NET_ADMIN, ``ip``, ``tc`` and the ``tbf`` qdisc)."""
+    (root, ``ip``, ``tc`` and the ``tbf`` qdisc)."""
     try:
         check_requirements()
         with ClusterNetwork({"probe": 10.0}):

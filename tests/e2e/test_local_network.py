@@ -2,13 +2,14 @@
 the network outlives a run: not a normal end, not a crashed worker, not SIGTERM, not
 a SIGKILL of the launcher itself (its reaper removes it).
 
-Needs root (or CAP_NET_ADMIN), iproute2 and tbf; skipped with the reason elsewhere.
+Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and tbf; skipped with the reason elsewhere.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,26 @@ def test_a_run_on_50_mbit_links_reports_them_and_leaves_nothing(tmp_path: Path) 
     log = (tmp_path / "work" / "herald" / "scheduler.log").read_text()
     assert "scheduler serving on 10.213." in log and "'ps': ('10.213." in log
     assert not leftovers(proc.pid)
+
+
+def test_without_the_capabilities_one_line_before_anything_starts(tmp_path: Path) -> None:
+    """Root without CAP_SYS_ADMIN (dropped from the bounding set by ``setpriv``, really,
+    not simulated): exit 2, one line, no process and no work directory."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) not found")
+    done = subprocess.run(
+        [setpriv, "--inh-caps=-all", "--bounding-set=-sys_admin",
+         *heraldps_local("--link-mbit", "10", "--workdir", str(tmp_path / "work"))],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "heraldps local: --link-mbit creates network namespaces and needs root (CAP_NET_ADMIN "
+        "and CAP_SYS_ADMIN): run as root (sudo heraldps local ...), or without --link-mbit "
+        "(loopback)"
+    ]
+    assert not (tmp_path / "work").exists()
 
 
 LongRun = Callable[[Path], "subprocess.Popen[str]"]

@@ -1,6 +1,6 @@
 """The emulated network itself (launcher/netns.py): real namespaces, veths, token buckets.
 
-Needs root (or CAP_NET_ADMIN), iproute2 and the tbf qdisc; skipped with the reason
+Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and the tbf qdisc; skipped with the reason
 elsewhere. Traffic stays inside the test's own namespaces and bridge. The local
 cluster on it: tests/e2e/test_local_network.py.
 """

@@ -62,7 +62,8 @@ def test_without_root_the_error_is_one_line_that_says_what_to_do() -> None:
     with pytest.raises(NetworkUnavailable) as info:
         check_requirements(has_cap=False, which=lambda tool: f"/usr/sbin/{tool}")
     message = str(info.value)
-    assert "root or CAP_NET_ADMIN" in message and "without --link-mbit" in message
+    assert "needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)" in message
+    assert "without --link-mbit" in message
     assert "\n" not in message
 
 
