@@ -64,7 +64,8 @@ _OWNED = re.compile(rf"^(?:{NAMESPACE_PREFIX}(\d+)-|{LINK_PREFIX}(\d+)[bv]\d*$)"
 
 
 class NetworkUnavailable(InvalidArgument):
-    """``--link-mbit`` cannot run here (not root, no iproute2); says what to do."""
+    """``--link-mbit`` cannot run here (not root, no iproute2, no tbf); says what to do.
+    An InvalidArgument, so ``heraldps local`` exits 2 as for a bad configuration."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,11 @@ class ClusterNetwork:
         try:
             self._trap_sigterm()
             self._build()
+        except NetworkError as exc:  # e.g. no tbf in this kernel: nothing started yet
+            self.close()
+            raise NetworkUnavailable(
+                f"could not build the emulated network for --link-mbit: {exc}"
+            ) from None
         except BaseException:
             self.close()
             raise

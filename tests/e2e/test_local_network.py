@@ -17,10 +17,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from launcher.netns import running
+from launcher.cluster import link_rates
+from launcher.local import run_mode
+from launcher.netns import ClusterNetwork, running
+from launcher.report import ps_agrees
+from tests.e2e.test_local_training import small_job
 from tests.network import leftovers, require_network
+from worker_client.reference import ReferenceTrainer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,6 +57,24 @@ def test_a_run_on_50_mbit_links_reports_them_and_leaves_nothing(tmp_path: Path) 
     log = (tmp_path / "work" / "herald" / "scheduler.log").read_text()
     assert "scheduler serving on 10.213." in log and "'ps': ('10.213." in log
     assert not leftovers(proc.pid)
+
+
+@pytest.mark.parametrize("mode", ["herald", "het"])
+def test_modes_on_slow_links_train_the_single_process_model(mode: str, tmp_path: Path) -> None:
+    """Slow links change timing, never the model (het: staleness 0)."""
+    job = small_job("adagrad")
+    train = job.read()
+    reference = ReferenceTrainer(job)
+    reference.train(train)
+    with ClusterNetwork(link_rates(2, job.workers, 20.0, 40.0)) as network:
+        result = run_mode(job, mode, 2, train, None, tmp_path, keep_model=True, network=network)
+    model = result.model
+    values, state, _ = reference.rows_of(model["keys"])
+    np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6)
+    assert ps_agrees(result)
+    assert not leftovers(os.getpid())
 
 
 def test_without_the_capabilities_one_line_before_anything_starts(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from launcher import iproute
-from launcher.netns import ClusterNetwork, remove_stale, running
+from launcher.netns import ClusterNetwork, NetworkUnavailable, remove_stale, running
 from tests.network import leftovers, require_network
 
 RECEIVE = r"""
@@ -90,6 +90,15 @@ def test_the_network_goes_with_the_context_also_on_an_error() -> None:
         raise RuntimeError("boom")
     assert not leftovers(os.getpid())
     assert sleeper.wait(timeout=10) == -9
+
+
+def test_a_network_that_cannot_be_built_is_a_one_line_error_and_leaves_nothing() -> None:
+    with pytest.raises(NetworkUnavailable) as info, ClusterNetwork({"a": 10.0, "b/c": 10.0}):
+        pass
+    message = str(info.value)
+    assert message.startswith("could not build the emulated network for --link-mbit: `ip ")
+    assert f"heraldps-{os.getpid()}-b/c" in message and "\n" not in message
+    assert not leftovers(os.getpid())
 
 
 @pytest.fixture
