@@ -130,7 +130,8 @@ def ps_process(
     args = ["ps", "--host", host, "--port", "0", "--metrics-port", "0",
             "--shard-index", str(index), "--num-shards", str(shards),
             "--grace-seconds", "5", *store_args]  # fmt: skip
-    return ManagedProcess(f"ps-{index}", args, workdir, True, host, namespace)
+    return ManagedProcess(f"ps-{index}", args, workdir, port_file=True, host=host,
+                          namespace=namespace)  # fmt: skip
 
 
 def scheduler_process(
@@ -146,7 +147,8 @@ def scheduler_process(
             "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
             "--ps", ",".join(ps), "--grace-seconds", "5",
             "--threads", str(workers + 8)]  # fmt: skip
-    return ManagedProcess("scheduler", args, workdir, True, host, namespace)
+    return ManagedProcess("scheduler", args, workdir, port_file=True, host=host,
+                          namespace=namespace)  # fmt: skip
 
 
 def worker_process(
@@ -167,7 +169,8 @@ def worker_process(
         args += ["--metrics-port", str(metrics_port)]
     if host is not None:
         args += ["--advertise-host", host]
-    process = ManagedProcess(f"worker-{worker}", args, workdir, False, host or LOOPBACK, namespace)
+    process = ManagedProcess(f"worker-{worker}", args, workdir, port_file=False,
+                             host=host or LOOPBACK, namespace=namespace)  # fmt: skip
     process.metrics_port = metrics_port or 0
     return process
 

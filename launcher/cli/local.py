@@ -100,9 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive,
         default=None,
         help="emulate a cluster network: every process in its own network namespace behind "
-        "a link of this many Mbit/s each way (token bucket, tc tbf; needs root or "
-        "iproute2). Bandwidth only: no latency emulation (netem is not "
-        "available). none: all processes on 127.0.0.1; see docs/network.md",
+        "a link of this many Mbit/s each way (token bucket, tc tbf; needs root and iproute2). "
+        "Bandwidth only: no latency emulation (netem is not available). none: all processes "
+        "on 127.0.0.1; see docs/network.md",
     )
     p.add_argument(
         "--ps-link-mbit",
