@@ -115,7 +115,7 @@ def run_rate(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 epoch, rates 10 and 1000, criteo")
-    parser.add_argument("--rates", default=None, help="comma-separated Mbit/s (default 10,30,100,1000)")
+    parser.add_argument("--rates", default=None, help="Mbit/s, comma-separated (10,30,100,1000)")
     parser.add_argument("--epochs", type=int, default=None, help="default 3 (quick: 1)")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_network.json")
     args = parser.parse_args()

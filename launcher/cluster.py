@@ -1,9 +1,12 @@
-"""Processes of a local cluster on 127.0.0.1: PS shards, the scheduler, workers.
+"""Processes of a local cluster: PS shards, the scheduler, workers.
 
 Each is a real ``heraldps`` CLI subprocess with its own log file; servers
 pick free ports and announce them through a port file, so any number of
 clusters can run side by side. ``stop`` sends SIGTERM (the services drain
-and exit 0) and kills what does not exit in time.
+and exit 0) and kills what does not exit in time. A process runs on
+127.0.0.1, or with ``namespace`` inside that network namespace
+(``ip netns exec``, which execs, so the PID is still the process's own) at
+``host``, its address on the emulated network (:mod:`launcher.netns`).
 """
 
 from __future__ import annotations
@@ -15,24 +18,47 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TypedDict
 
 from heraldps.errors import HeraldError
 
 START_TIMEOUT_SECONDS = 120.0
+LOOPBACK = "127.0.0.1"
+# /metrics of our own processes, never through an HTTP proxy of the environment.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ClusterError(HeraldError):
     """A process of the local cluster failed or did not start."""
 
 
+class Placement(TypedDict, total=False):
+    """Where a process runs, as keyword arguments of the ``*_process`` functions: its
+    address and network namespace on an emulated network (both absent: 127.0.0.1)."""
+
+    host: str
+    namespace: str
+
+
 class ManagedProcess:
     """One ``heraldps ...`` subprocess (``python -m launcher``), logging to ``workdir/name.log``."""
 
-    def __init__(self, name: str, args: list[str], workdir: Path, port_file: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        workdir: Path,
+        port_file: bool,
+        host: str = LOOPBACK,
+        namespace: str | None = None,
+    ) -> None:
         self.name = name
+        self.host = host  # where the launcher and the other processes reach it
         self.log_path = workdir / f"{name}.log"
         self.port_file = workdir / f"{name}.port" if port_file else None
         command = [sys.executable, "-m", "launcher", *args]
+        if namespace is not None:
+            command = ["ip", "netns", "exec", namespace, *command]
         if self.port_file is not None:
             command += ["--port-file", str(self.port_file)]
         with open(self.log_path, "w") as log:
@@ -58,12 +84,12 @@ class ManagedProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def metrics(self) -> str:
         """The process's Prometheus exposition text."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as reply:
+        url = f"http://{self.host}:{self.metrics_port}/metrics"
+        with _NO_PROXY.open(url, timeout=10) as reply:
             text: str = reply.read().decode()
             return text
 
@@ -93,23 +119,36 @@ def start_servers(processes: list[ManagedProcess]) -> None:
 
 
 def ps_process(
-    index: int, shards: int, workdir: Path, store_args: tuple[str, ...] = ()
+    index: int,
+    shards: int,
+    workdir: Path,
+    store_args: tuple[str, ...] = (),
+    host: str = LOOPBACK,
+    namespace: str | None = None,
 ) -> ManagedProcess:
     """A shard; ``store_args`` are extra ``heraldps ps`` flags (e.g. the cached store's)."""
-    args = ["ps", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+    args = ["ps", "--host", host, "--port", "0", "--metrics-port", "0",
             "--shard-index", str(index), "--num-shards", str(shards),
             "--grace-seconds", "5", *store_args]  # fmt: skip
-    return ManagedProcess(f"ps-{index}", args, workdir, port_file=True)
+    return ManagedProcess(f"ps-{index}", args, workdir, port_file=True, host=host,
+                          namespace=namespace)  # fmt: skip
 
 
 def scheduler_process(
-    workers: int, cache_rows: int, mode: str, ps: list[str], workdir: Path
+    workers: int,
+    cache_rows: int,
+    mode: str,
+    ps: list[str],
+    workdir: Path,
+    host: str = LOOPBACK,
+    namespace: str | None = None,
 ) -> ManagedProcess:
-    args = ["scheduler", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+    args = ["scheduler", "--host", host, "--port", "0", "--metrics-port", "0",
             "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
             "--ps", ",".join(ps), "--grace-seconds", "5",
             "--threads", str(workers + 8)]  # fmt: skip
-    return ManagedProcess("scheduler", args, workdir, port_file=True)
+    return ManagedProcess("scheduler", args, workdir, port_file=True, host=host,
+                          namespace=namespace)  # fmt: skip
 
 
 def worker_process(
@@ -119,12 +158,29 @@ def worker_process(
     ps: list[str],
     workdir: Path,
     metrics_port: int | None = None,
+    host: str | None = None,
+    namespace: str | None = None,
 ) -> ManagedProcess:
-    """A worker; with ``metrics_port`` it serves its Prometheus /metrics there."""
+    """A worker; with ``metrics_port`` it serves its Prometheus /metrics there. ``host``:
+    the address other workers reach it at (``--advertise-host``; default 127.0.0.1)."""
     args = ["worker", "--job", str(job), "--worker-id", str(worker), "--scheduler", scheduler,
             "--ps", ",".join(ps), "--report", str(workdir / f"worker-{worker}.json")]  # fmt: skip
     if metrics_port is not None:
         args += ["--metrics-port", str(metrics_port)]
-    process = ManagedProcess(f"worker-{worker}", args, workdir, port_file=False)
+    if host is not None:
+        args += ["--advertise-host", host]
+    process = ManagedProcess(f"worker-{worker}", args, workdir, port_file=False,
+                             host=host or LOOPBACK, namespace=namespace)  # fmt: skip
     process.metrics_port = metrics_port or 0
     return process
+
+
+def link_rates(
+    shards: int, workers: int, mbit: float, ps_mbit: float | None = None
+) -> dict[str, float]:
+    """Each process's link rate in Mbit/s, by process name: PS shards at ``ps_mbit``
+    (default ``mbit``), the scheduler and the workers at ``mbit``."""
+    rates = {f"ps-{i}": ps_mbit or mbit for i in range(shards)}
+    rates["scheduler"] = mbit
+    rates.update({f"worker-{w}": mbit for w in range(workers)})
+    return rates

@@ -69,7 +69,9 @@ def submit_batches(
     ``stop`` was set first.
 
     While the scheduler's backlog is full (``RESOURCE_EXHAUSTED``) the batch is
-    retried; after ``patience`` seconds without an accepted batch, FeedError.
+    retried once the scheduler committed another iteration (watched with the small
+    ``GetStatus``, so a refused batch is not resent every few milliseconds over the
+    scheduler's link); after ``patience`` seconds without an accepted batch, FeedError.
     """
     for t in range(start, len(batches)):
         batch = batches[t]
@@ -85,16 +87,25 @@ def submit_batches(
                 error = error_from_rpc(err, "scheduler")
                 if not isinstance(error, ResourceExhausted):
                     raise error from err
-            if patience is not None and time.monotonic() - waiting_since > patience:
-                raise FeedError(
-                    f"the scheduler accepted no batch for {patience:g} s (its backlog stays "
-                    f"full at iteration {t}): are the workers running? see their logs"
-                )
-            time.sleep(0.01)
+            refused_at = _committed(stub, timeout)
+            while _committed(stub, timeout) == refused_at:
+                if stop is not None and stop.is_set():
+                    return False
+                if patience is not None and time.monotonic() - waiting_since > patience:
+                    raise FeedError(
+                        f"the scheduler accepted no batch for {patience:g} s (its backlog "
+                        f"stays full at iteration {t}): are the workers running? see their logs"
+                    )
+                time.sleep(0.01)
     if stop is not None and stop.is_set():
         return False
     stub.Finish(scheduler_pb2.FinishRequest(), timeout=timeout)
     return True
+
+
+def _committed(stub: scheduler_pb2_grpc.SchedulerStub, timeout: float) -> int:
+    status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=timeout)
+    return int(status.committed_iteration)
 
 
 class FeedMetrics:

@@ -1,4 +1,6 @@
-"""``heraldps local``: a whole cluster on 127.0.0.1 training one mode after another.
+"""``heraldps local``: a whole cluster on 127.0.0.1 (or, with ``--link-mbit``, on an
+emulated network of one link per process: :mod:`launcher.netns`) training one mode
+after another.
 
 For each mode: start S PS shards, create the tables, start the scheduler
 (the Herald mode, or ``het`` for HET workers) and N worker processes, feed
@@ -10,6 +12,7 @@ Prometheus counters.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import threading
@@ -30,12 +33,15 @@ from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.cluster import (
     ClusterError,
     ManagedProcess,
+    Placement,
+    link_rates,
     ps_process,
     scheduler_process,
     start_servers,
     worker_process,
 )
 from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
+from launcher.netns import ClusterNetwork
 from worker_client.evaluation import auc, logloss
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches, select
@@ -65,6 +71,8 @@ class ModeResult:
     logloss: float
     row_bytes: dict[str, int]
     global_batch: int = 0
+    # Bytes per process link (in/out) on an emulated network (--link-mbit); empty on loopback.
+    link_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
     model: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def report(self) -> dict[str, Any]:
@@ -99,6 +107,7 @@ class ModeResult:
             "samples_per_second_median": self.global_batch / period if period > 0 else 0.0,
             "phases_median": phases,
             "network_share": network_share(phases),
+            "link_bytes": self.link_bytes,
             "ps_counted": self.ps_counted,
             "per_iteration": self.per_iteration,
         }
@@ -166,11 +175,12 @@ def run_mode(
     keep_model: bool = False,
     store: str = "staged",
     cache_gb: float = 1.0,
+    network: ClusterNetwork | None = None,
 ) -> ModeResult:
     """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure.
 
     ``store="cached"`` runs Cached-PS shards (LMDB under ``workdir``) with ``cache_gb`` of
-    host cache per table."""
+    host cache per table. With ``network`` every process runs in its namespace there."""
     workdir.mkdir(parents=True, exist_ok=True)
     batches = global_batches(train, job.global_batch, job.iterations, job.epochs)
     job_path = workdir / "job.json"
@@ -182,21 +192,27 @@ def run_mode(
         if store == "cached":
             store_args = ("--store", "cached", "--data-dir", str(workdir / "ps-data"),
                           "--cache-gb", str(cache_gb))  # fmt: skip
-        shard_procs = [ps_process(i, shards, workdir, store_args) for i in range(shards)]
+        shard_procs = [
+            ps_process(i, shards, workdir, store_args, **_placed(network, f"ps-{i}"))
+            for i in range(shards)
+        ]
         processes += shard_procs
         start_servers(shard_procs)
         addresses = [p.address for p in shard_procs]
         ps = PSClient(addresses)
         ps.wait_ready()
         job.create_tables(ps)
-        scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir)
+        scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir,
+                                      **_placed(network, "scheduler"))  # fmt: skip
         processes.append(scheduler)
         start_servers([scheduler])
         workers = [
-            worker_process(w, job_path, scheduler.address, addresses, workdir)
+            worker_process(w, job_path, scheduler.address, addresses, workdir,
+                           **_placed(network, f"worker-{w}"))
             for w in range(job.workers)
-        ]
+        ]  # fmt: skip
         processes += workers
+        links_before = network.link_bytes() if network is not None else {}
         started = time.perf_counter()
         errors: list[BaseException] = []
 
@@ -212,6 +228,7 @@ def run_mode(
             scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress, errors
         )
         seconds = time.perf_counter() - started
+        link_bytes = _link_delta(links_before, network.link_bytes() if network else {})
         # Throughput from the first commit on: worker start-up is not training.
         steady = time.perf_counter() - (first_commit or started)
         steady_samples = (len(batches) - (1 if first_commit else 0)) * job.global_batch
@@ -238,12 +255,31 @@ def run_mode(
             logloss=logloss_value,
             row_bytes=job.row_bytes(mode),
             global_batch=job.global_batch,
+            link_bytes=link_bytes,
             model=kept,
         )
     finally:
         stop.set()
         for process in reversed(processes):
             process.stop()
+
+
+def _link_delta(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    """Bytes each link carried between two readings (training: workers start to exit)."""
+    return {
+        name: {d: n - before.get(name, {}).get(d, 0) for d, n in counts.items()}
+        for name, counts in after.items()
+    }
+
+
+def _placed(network: ClusterNetwork | None, name: str) -> Placement:
+    """``host`` and ``namespace`` of process ``name`` on ``network`` (none: loopback)."""
+    if network is None:
+        return {}
+    endpoint = network.endpoint(name)
+    return {"host": endpoint.host, "namespace": endpoint.namespace}
 
 
 def _monitor(
@@ -343,21 +379,28 @@ def run_local(
     progress: Progress | None = None,
     store: str = "staged",
     cache_gb: float = 1.0,
+    link_mbit: float | None = None,
+    ps_link_mbit: float | None = None,
 ) -> dict[str, ModeResult]:
     """Every mode on its own fresh cluster, same batches and model; results by mode.
 
     Without ``workdir`` the logs live in a temporary directory that is removed at the
     end, so a failure's message says so instead of naming a file that no longer exists.
+    With ``link_mbit`` every process runs behind its own link of that rate (PS shards:
+    ``ps_link_mbit``) on one emulated network, built once for all modes.
     """
     results = {}
-    with tempfile.TemporaryDirectory(prefix="heraldps-local-") as scratch:
+    network: contextlib.AbstractContextManager[ClusterNetwork | None] = contextlib.nullcontext()
+    if link_mbit is not None:
+        network = ClusterNetwork(link_rates(shards, job.workers, link_mbit, ps_link_mbit))
+    with tempfile.TemporaryDirectory(prefix="heraldps-local-") as scratch, network as net:
         root = workdir or Path(scratch)
         for mode in modes:
             try:
                 results[mode] = run_mode(
                     job if mode == HET_MODE else replace(job, staleness=0),
                     mode, shards, train, eval_data, root / mode, progress, store=store,
-                    cache_gb=cache_gb,
+                    cache_gb=cache_gb, network=net,
                 )  # fmt: skip
             except ClusterError as exc:
                 if workdir is not None:

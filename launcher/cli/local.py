@@ -107,6 +107,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-gb", type=positive, default=1.0, help="cached store: host cache per table, GiB"
     )
+    p.add_argument(
+        "--link-mbit",
+        type=positive,
+        default=None,
+        help="emulate a cluster network: every process in its own network namespace behind "
+        "a link of this many Mbit/s each way (token bucket, tc tbf; needs root and iproute2). "
+        "Bandwidth only: no latency emulation (netem is not available). none: all processes "
+        "on 127.0.0.1; see docs/network.md",
+    )
+    p.add_argument(
+        "--ps-link-mbit",
+        type=positive,
+        default=None,
+        help="with --link-mbit: the PS shards' links at this rate instead (none: --link-mbit)",
+    )
 
 
 def modes_of(text: str) -> list[str]:
@@ -117,6 +132,34 @@ def modes_of(text: str) -> list[str]:
 
         raise InvalidArgument(f"--modes takes a comma-separated subset of {', '.join(ALL_MODES)}")
     return modes
+
+
+def check_network(link_mbit: float | None, ps_link_mbit: float | None) -> None:
+    """``--link-mbit`` needs root and iproute2; ``--ps-link-mbit`` needs ``--link-mbit``."""
+    if link_mbit is None:
+        if ps_link_mbit is not None:
+            from heraldps.errors import InvalidArgument
+
+            raise InvalidArgument("--ps-link-mbit sets the PS shards' links: add --link-mbit")
+        return
+    from launcher.netns import check_requirements
+
+    check_requirements()
+
+
+def link_config(args: argparse.Namespace) -> dict[str, float | None]:
+    """The link rates a run used, for ``--json`` (null: loopback)."""
+    ps = args.ps_link_mbit if args.ps_link_mbit is not None else args.link_mbit
+    return {"link_mbit": args.link_mbit, "ps_link_mbit": ps}
+
+
+def network_line(args: argparse.Namespace) -> str:
+    """The header's note on the emulated network ("" on loopback)."""
+    if args.link_mbit is None:
+        return ""
+    rates = link_config(args)
+    ps = "" if rates["ps_link_mbit"] == args.link_mbit else f", PS {rates['ps_link_mbit']:g}"
+    return f"; links {args.link_mbit:g} Mbit/s per process{ps} (no latency emulation)"
 
 
 def datasets(
@@ -160,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     from worker_client.job import TrainingJob
 
     modes = modes_of(args.modes)
+    check_network(args.link_mbit, args.ps_link_mbit)
     sparse = names(args.sparse_columns)
     check_columns(args.data, args.format, sparse)
     array_module(args.device)  # --device gpu without CuPy and a GPU: refused here
@@ -183,12 +227,13 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]heraldps local[/]: {train.rows:,} training rows ({data_name(job.data)}), "
         f"{held_out.rows:,} held out; {job.workers} workers x {job.batch_size_per_worker}, "
         f"{args.shards} {args.store} shards, cache {job.cache_rows:,} rows per worker, "
-        f"{job.optimizer}, modes {', '.join(modes)}"
+        f"{job.optimizer}, modes {', '.join(modes)}{network_line(args)}"
     )
     with progress_display(console, modes, job.global_batch, args.progress_every) as display:
         results = run_local(
             job, modes, args.shards, train, held_out,
             Path(args.workdir) if args.workdir else None, display, args.store, args.cache_gb,
+            args.link_mbit, args.ps_link_mbit,
         )  # fmt: skip
     if args.wide and not console.is_terminal:
         console.width = 200
@@ -196,7 +241,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.wide:
         console.print(SUMMARY_KEY, highlight=False)
     console.print(agreement_line(results), highlight=False)
-    config = {**asdict(job), "shards": args.shards, "cache_fraction": args.cache_fraction}
+    config = {**asdict(job), "shards": args.shards, "cache_fraction": args.cache_fraction,
+              **link_config(args)}  # fmt: skip
     if args.json:
         write_json(results, config, args.json)
         console.print(f"report: {args.json}", highlight=False)
@@ -211,9 +257,10 @@ def run(args: argparse.Namespace) -> int:
 COMMAND = Command(
     name="local",
     help="train a CTR model on a local cluster (shards, scheduler, workers), mode by mode",
-    description="Start PS shards, the scheduler and workers on 127.0.0.1 and train each mode "
-    "on the same batches; print traffic and quality per mode. Every flag is checked against "
-    "the data before any process starts.",
+    description="Start PS shards, the scheduler and workers on 127.0.0.1 (or, with "
+    "--link-mbit, each in its own network namespace behind a rate-limited link) and train "
+    "each mode on the same batches; print traffic and quality per mode. Every flag is checked "
+    "against the data before any process starts.",
     add_arguments=add_arguments,
     run=run,
     failure_code=1,

@@ -25,8 +25,11 @@ def test_local_writes_the_report_and_the_plot(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    modes = json.loads(report.read_text())["modes"]
+    written = json.loads(report.read_text())
+    modes = written["modes"]
     assert list(modes) == ["naive", "herald", "het"]
+    assert written["config"]["link_mbit"] is None  # loopback (--link-mbit: test_local_network)
+    assert written["config"]["ps_link_mbit"] is None
     for counts in modes.values():
         assert {"pulls", "pushes", "final_flush", "auc", "logloss"} <= set(counts)
         assert counts["pulls"] > 0 and 0.0 < counts["auc"] < 1.0
@@ -77,6 +80,8 @@ def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:
         (["--shards", "0"], "argument --shards: must be >= 1, got 0"),
         (["--device", "gpu"], "--device gpu needs CuPy and a CUDA GPU"),
         (["--modes", "herald,fast"], "--modes takes a comma-separated subset"),
+        (["--ps-link-mbit", "100"], "--ps-link-mbit sets the PS shards' links: add --link-mbit"),
+        (["--link-mbit", "0"], "argument --link-mbit: must be a finite number > 0, got 0"),
         (
             ["--data", "CSV_NOHEADER", "--format", "csv"],
             "read as the header, is: 'u0,i0,0' (if that is data, add a header line",
