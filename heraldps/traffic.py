@@ -38,6 +38,9 @@ class Traffic:
       locality (see :class:`scheduler_service.scheduler.Assignment`).
     - ``sample_bytes``: bytes of the training samples that arrived with the plans (keys,
       fields, dense features, labels): the price of workers never reading the data.
+    - ``early_pulls`` (``herald_pipelined``): pulls the plans mark early (scheduler) or that
+      a worker fetched while the previous iteration still trained (worker); part of
+      ``pulls``.
     """
 
     pulls: int = 0
@@ -53,6 +56,7 @@ class Traffic:
     held_samples: int = 0
     local_samples: int = 0
     sample_bytes: int = 0
+    early_pulls: int = 0
 
     @property
     def pushes(self) -> int:
@@ -62,6 +66,7 @@ class Traffic:
     def add_plan(self, plan: CommPlan) -> None:
         """Count the rows a released plan moves."""
         self.pulls += int(plan.pull.shape[0])
+        self.early_pulls += int(plan.pull_early.shape[0])
         self.grad_pushes += int(plan.push_grads.shape[0])
         self.write_backs += int(plan.write_back.shape[0])
         self.evictions += int(plan.evict.shape[0])
@@ -84,6 +89,7 @@ class Traffic:
             final_flush_rows=self.final_flush,
             version_checks=self.version_checks,
             sample_bytes=self.sample_bytes,
+            early_pulls=self.early_pulls,
         )
 
     @classmethod
@@ -96,4 +102,5 @@ class Traffic:
             final_flush=counters.final_flush_rows,
             version_checks=counters.version_checks,
             sample_bytes=counters.sample_bytes,
+            early_pulls=counters.early_pulls,
         )

@@ -81,6 +81,7 @@ class ModeResult:
             "grad_pushes": t["grad_pushes"],
             "write_backs": t["write_backs"],
             "version_checks": t["version_checks"],
+            "early_pulls": t["early_pulls"],
             "bytes_pulled": bytes_pulled,
             "bytes_pushed": bytes_pushed,
             "bytes_final_flush": t["final_flush"] * flush_bytes,
@@ -287,7 +288,7 @@ def _combine(
     """Traffic summed over workers; per iteration: rows moved, mean loss, and the
     slowest worker's time from receiving its plan to its report."""
     keys = ("pulls", "grad_pushes", "write_backs", "final_flush", "version_checks", "hits",
-            "sample_bytes")  # fmt: skip
+            "sample_bytes", "early_pulls")  # fmt: skip
     totals = dict.fromkeys(keys, 0)
     per_iteration = [
         {"loss": 0.0, "seconds": 0.0, **dict.fromkeys(keys, 0)} for _ in range(iterations)

@@ -6,7 +6,9 @@ size from the scheduler, picks its step once (:func:`make_step`: Herald plan
 execution or HET) and runs it on every plan it receives. The samples arrive
 inside the plans: a worker never opens a data file. Every iteration ends with
 ``ReportDone`` carrying the rows it moved; the scheduler commits once all
-workers reported. A failed RPC (scheduler or shard unreachable after the
+workers reported (in mode ``herald_pipelined`` the worker reads its plans
+ahead and waits in ``ReportDone`` for the commit: :mod:`worker_client.pipeline`).
+A failed RPC (scheduler or shard unreachable after the
 client's retries) or a plan that contradicts the cache ends the process with
 a message and exit code 1, never a hang: every call has a deadline.
 """
@@ -25,14 +27,14 @@ import numpy as np
 
 from heraldps.client import PSClient
 from heraldps.errors import HeraldError, Unavailable, error_from_rpc
-from heraldps.modes import HET_MODE
-from heraldps.plan import plan_from_proto
+from heraldps.modes import HET_MODE, PIPELINED_MODE
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.device import array_module
 from worker_client.het_step import HETStep
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.metrics import WorkerMetrics
+from worker_client.pipeline import PipelinedPlanStep, PlanFeed
 from worker_client.plan_step import PlanStep
 from worker_client.step import Step
 
@@ -54,9 +56,13 @@ class WorkerConfig:
 def make_step(
     mode: str, job: TrainingJob, worker: int, ps: PSClient, cache_rows: int, xp: Any = np
 ) -> Step:
-    """The step of a scheduler mode, chosen once: HET for ``het``, else plan execution."""
-    step_type: type[Step] = HETStep if mode == HET_MODE else PlanStep
-    return step_type(job, worker, ps, cache_rows, xp)
+    """The step of a scheduler mode, chosen once: HET for ``het``, plan execution with
+    early pulls for ``herald_pipelined``, else plan execution."""
+    if mode == HET_MODE:
+        return HETStep(job, worker, ps, cache_rows, xp)
+    if mode == PIPELINED_MODE:
+        return PipelinedPlanStep(job, worker, ps, cache_rows, xp)
+    return PlanStep(job, worker, ps, cache_rows, xp)
 
 
 def run_worker(config: WorkerConfig) -> int:
@@ -82,11 +88,12 @@ def run_worker(config: WorkerConfig) -> int:
             log.info("worker %d: prefetched %d rows of %s", w, cached, config.prefetch)
         log.info("worker %d: mode %s, cache %d rows", w, reply.mode, reply.cache_rows)
         stream = scheduler.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w))
-        for message in stream:
+        ahead = step.prefetch if isinstance(step, PipelinedPlanStep) else None
+        for received in PlanFeed(stream, ahead):
             started = time.perf_counter()
-            plan = plan_from_proto(message)
+            plan = received.plan
             traffic, loss = step.run(plan)
-            traffic.sample_bytes = message.mini_batch.ByteSize()
+            traffic.sample_bytes = received.sample_bytes
             samples = int(plan.samples.shape[0])
             scheduler.ReportDone(
                 scheduler_pb2.ReportDoneRequest(
@@ -95,6 +102,7 @@ def run_worker(config: WorkerConfig) -> int:
                     counters=traffic.to_proto(),
                     loss_sum=loss,
                     samples=samples,
+                    wait_for_commit=ahead is not None,
                 ),
                 timeout=config.timeout_seconds,
             )
