@@ -83,6 +83,7 @@ class PlanFeed:
                 yield _decode(message)
             return
         arrived: queue.SimpleQueue[Received | BaseException | None] = queue.SimpleQueue()
+        self._worker_waits = True  # for the first plan
         threading.Thread(target=self._read, args=(arrived,), name="plan-feed", daemon=True).start()
         while True:
             with self._lock:

@@ -33,7 +33,7 @@ import pytest
 
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
-from heraldps.modes import ALL_MODES, HERALD_MODES, HET_MODE
+from heraldps.modes import ALL_MODES, HERALD_MODES, HET_MODE, PIPELINED_MODE
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import make_scheduler
@@ -42,6 +42,7 @@ from tests import fakecupy
 from tests.conftest import ClusterFactory
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches
+from worker_client.pipeline import PipelinedPlanStep
 from worker_client.reference import ReferenceTrainer
 from worker_client.worker import make_step
 
@@ -61,7 +62,11 @@ def train_on_fake_device(
     cluster: ClusterFactory, job: TrainingJob, mode: str
 ) -> tuple[list[dict[str, int]], PSClient]:
     """Train every iteration with the real scheduler core and steps; the transfer
-    counts of every (worker, iteration) and the PS client."""
+    counts of every (worker, iteration) and the PS client.
+
+    Iteration t runs once plans t+1 exist. A pipelined step prefetches its plan t+1 just
+    before it runs t, so its early rows are read before the other workers push and write
+    back t and before t's commit: the earliest moment the scheduler's plan flow allows."""
     dataset = job.read()
     _, ps = cluster(2)
     job.create_tables(ps)
@@ -69,20 +74,35 @@ def train_on_fake_device(
     scheduler = make_scheduler(job.workers, job.cache_rows, mode)
     batches = global_batches(dataset, job.global_batch, job.iterations)
     counts: list[dict[str, int]] = []
+    early = 0
 
-    def execute(plans: list[CommPlan], final: bool) -> None:
+    def execute(plans: list[CommPlan], upcoming: list[CommPlan], final: bool) -> None:
+        nonlocal early
         for plan in plans:
             plan.final_flush = final
             plan.mini_batch = batches[plan.iteration].take(plan.samples)
+            step = steps[plan.worker]
+            if isinstance(step, PipelinedPlanStep) and upcoming:
+                step.prefetch(upcoming[plan.worker])
             fakecupy.reset()
-            steps[plan.worker].run(plan)
+            traffic, _ = step.run(plan)
+            early += traffic.early_pulls
             counts.append(dict(fakecupy.transfers))
         if plans:
             ps.commit(plans[0].iteration)
 
+    pending: list[CommPlan] = []
     for t, batch in enumerate(batches):
-        execute(scheduler.submit(Batch(t, batch.offsets, batch.keys, job.workers)), final=False)
-    execute(scheduler.finish(), final=True)
+        released = scheduler.submit(Batch(t, batch.offsets, batch.keys, job.workers))
+        if released:
+            execute(pending, released, final=False)
+            pending = released
+    last = scheduler.finish()
+    execute(pending, last, final=False)
+    execute(last, [], final=True)
+    # Rows were prefetched exactly in the pipelined mode, as many as the plans marked.
+    assert early == (scheduler.counts.early_pulls if mode == PIPELINED_MODE else 0)
+    assert (early > 0) == (mode == PIPELINED_MODE)
     return counts, ps
 
 
