@@ -6,10 +6,14 @@ committed (so it arrives while t trains) and marks its early pulls
 (``CommPlan.pull_early``): keys nobody pushes or writes back in t, whose rows
 t's commit leaves as they are. So:
 
-- :class:`PlanFeed` reads the plan stream on a background thread and, when a
-  plan arrives while the worker still runs the previous one, hands it to
-  :meth:`PipelinedPlanStep.prefetch`, which starts the early pulls at once
-  (``PSClient`` futures);
+- :class:`PlanFeed` reads the plan stream on a background thread, decodes
+  each plan as it arrives and keeps it until the worker asks for it;
+  ``upcoming`` shows the next one already here;
+- while it runs plan t, :class:`PipelinedPlanStep` looks for plan t+1 there,
+  after its own late pulls of t are in (so the early pulls of t+1 never
+  compete with them, nor with the other workers', which happen at the same
+  moment, right after t-1's commit) and again after t's compute, and starts
+  t+1's early pulls (``PSClient`` futures) the first time it finds it;
 - the worker reports t with ``wait_for_commit``, so ``ReportDone`` returns once
   t is committed; only then does it run plan t+1, whose
   :meth:`PipelinedPlanStep.fetch` pulls the remaining (late) rows and joins
@@ -18,14 +22,14 @@ t's commit leaves as they are. So:
   admission (after t+1's evictions), the same rows counted (a prefetched row
   is still one pull).
 
-Why reading early is safe: an early row is read after t-1's commit (the plan
-flowed after it, and every write-back of t-1 came before its reports) and
-nothing changes it on the PS until t's commit is over.
+Why reading early is safe: an early row of t+1 is read while t runs, so
+after t-1's commit (and every write-back of t-1 came before the reports that
+committed it), and nothing changes it on the PS until t's commit is over.
 """
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -56,88 +60,93 @@ def _decode(message: scheduler_pb2.CommPlan) -> Received:
     return Received(plan_from_proto(message), message.mini_batch.ByteSize())
 
 
+_END = object()  # the stream ended
+
+
 class PlanFeed:
     """A worker's plans in iteration order.
 
-    Without ``ahead`` (every mode but ``herald_pipelined``) a plan is read and
-    decoded when the worker asks for it. With ``ahead``, a background thread reads
-    and decodes the stream as plans arrive; a plan that arrives while the worker is
-    still busy with the previous one is passed to ``ahead`` first (the pipelined
-    step starts its early pulls there). Errors of the stream or of ``ahead`` are
-    raised to the worker in stream order, after the plans before them.
+    Without ``read_ahead`` (every mode but ``herald_pipelined``) a plan is read and
+    decoded when the worker asks for it. With it, a background thread reads and
+    decodes the stream as plans arrive, and ``upcoming`` shows the next plan once
+    it is here. An error of the stream reaches the worker after the plans before it.
     """
 
     def __init__(
-        self,
-        messages: Iterable[scheduler_pb2.CommPlan],
-        ahead: Callable[[CommPlan], None] | None = None,
+        self, messages: Iterable[scheduler_pb2.CommPlan], read_ahead: bool = False
     ) -> None:
         self._messages = messages
-        self._ahead = ahead
-        self._lock = threading.Lock()
-        self._worker_waits = False  # the worker is blocked asking for the next plan
+        self._read_ahead = read_ahead
+        self._arrived: collections.deque[Received | BaseException | object] = collections.deque()
+        self._changed = threading.Condition()
 
     def __iter__(self) -> Iterator[Received]:
-        if self._ahead is None:
+        if not self._read_ahead:
             for message in self._messages:
                 yield _decode(message)
             return
-        arrived: queue.SimpleQueue[Received | BaseException | None] = queue.SimpleQueue()
-        self._worker_waits = True  # for the first plan
-        threading.Thread(target=self._read, args=(arrived,), name="plan-feed", daemon=True).start()
+        threading.Thread(target=self._read, name="plan-feed", daemon=True).start()
         while True:
-            with self._lock:
-                self._worker_waits = True
-            item = arrived.get()
-            with self._lock:
-                self._worker_waits = False
-            if item is None:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._arrived))
+                item = self._arrived.popleft()
+            if item is _END:
                 return
             if isinstance(item, BaseException):
                 raise item
+            assert isinstance(item, Received)
             yield item
 
-    def _read(self, arrived: queue.SimpleQueue[Received | BaseException | None]) -> None:
-        assert self._ahead is not None
+    def upcoming(self) -> CommPlan | None:
+        """The next plan if it has arrived (the worker has not asked for it yet), else None."""
+        with self._changed:
+            item = self._arrived[0] if self._arrived else None
+        return item.plan if isinstance(item, Received) else None
+
+    def _read(self) -> None:
+        end: BaseException | object = _END
         try:
             for message in self._messages:
                 received = _decode(message)
-                with self._lock:
-                    early = not self._worker_waits
-                if early:
-                    self._ahead(received.plan)
-                arrived.put(received)
-        except BaseException as exc:  # the stream's RpcError, a malformed plan, a mismatch
-            arrived.put(exc)
-            return
-        arrived.put(None)
+                with self._changed:
+                    self._arrived.append(received)
+                    self._changed.notify_all()
+        except BaseException as exc:  # the stream's RpcError, a malformed plan
+            end = exc
+        with self._changed:
+            self._arrived.append(end)
+            self._changed.notify_all()
 
 
 class PipelinedPlanStep(PlanStep):
-    """A plan step whose plan's early rows may already be on their way (``prefetch``)."""
+    """A plan step that starts the next plan's early pulls while it runs this one."""
 
     def __init__(
         self, job: TrainingJob, worker: int, ps: PSClient, cache_rows: int, xp: Any = np
     ) -> None:
         super().__init__(job, worker, ps, cache_rows, xp)
-        self._lock = threading.Lock()
+        self.upcoming: Callable[[], CommPlan | None] = lambda: None
         self._early: dict[int, tuple[npt.NDArray[np.int64], Future[Pulled]]] = {}
+        self._running = -1
         self._early_pulled = 0
 
-    def prefetch(self, plan: CommPlan) -> None:
-        """Start pulling ``plan``'s early rows now (any thread).
+    def follow(self, upcoming: Callable[[], CommPlan | None]) -> None:
+        """Where to look for the next plan while one runs (``PlanFeed.upcoming``)."""
+        self.upcoming = upcoming
 
-        Call it once the iteration two before ``plan`` is committed, as the scheduler's
-        plan flow guarantees on arrival. Early keys must be a sub-sequence of the pulls,
-        else ``PlanMismatch`` before anything is sent.
+    def prefetch(self, plan: CommPlan) -> None:
+        """Start pulling ``plan``'s early rows now, once.
+
+        Only while the plan before it runs (after the commit two iterations before
+        ``plan``), as ``run`` does. Early keys must be a sub-sequence of the pulls, else
+        ``PlanMismatch`` before anything is sent.
         """
         early = plan.pull_early
-        if not early.shape[0]:
+        if not early.shape[0] or plan.iteration in self._early:
             return
         self._check_early(plan)
         future = self.ps.pull_with_state_async(EMBEDDING_TABLE, early)
-        with self._lock:
-            self._early[plan.iteration] = (early, future)
+        self._early[plan.iteration] = (early, future)
 
     def _check_early(self, plan: CommPlan) -> npt.NDArray[np.bool_]:
         """Which pulls are early; ``PlanMismatch`` unless they are ``pull_early`` in order."""
@@ -149,17 +158,32 @@ class PipelinedPlanStep(PlanStep):
             )
         return mask
 
+    def _prefetch_upcoming(self) -> None:
+        """Start the next plan's early pulls if it has arrived."""
+        upcoming = self.upcoming()
+        if upcoming is not None and upcoming.iteration == self._running + 1:
+            self.prefetch(upcoming)
+
     def run(self, plan: CommPlan) -> tuple[Traffic, float]:
-        self._early_pulled = 0
+        self._running, self._early_pulled = plan.iteration, 0
         traffic, loss = super().run(plan)
         traffic.early_pulls = self._early_pulled
         return traffic, loss
 
+    def computed(self) -> None:
+        """After the backward pass: the next plan's early pulls start now at the latest."""
+        self._prefetch_upcoming()
+
     def fetch(self, plan: CommPlan) -> Pulled:
         """The prefetched early rows joined with the late ones, pulled now (the previous
-        iteration is committed when a plan runs), in ``plan.pull`` order."""
-        with self._lock:
-            started = self._early.pop(plan.iteration, None)
+        iteration is committed when a plan runs), in ``plan.pull`` order; then the next
+        plan's early pulls start, if it is here."""
+        pulled = self._join(plan)
+        self._prefetch_upcoming()
+        return pulled
+
+    def _join(self, plan: CommPlan) -> Pulled:
+        started = self._early.pop(plan.iteration, None)
         if started is None or not np.array_equal(started[0], plan.pull_early):
             return super().fetch(plan)
         mask = self._check_early(plan)

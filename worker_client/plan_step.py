@@ -58,6 +58,7 @@ class PlanStep(Step):
             )
         traffic.hits += mb.keys.shape[0] - plan.pull.shape[0]
         loss, emb_grad, dense_grad = self.train(mb, slots)
+        self.computed()
         sends = Sends()
         if shared.shape[0]:
             grads = to_host(emb_grad[self.xp.asarray(shared)])
@@ -100,6 +101,9 @@ class PlanStep(Step):
                 f"{self.worker}'s mini-batch keys, in their order"
             )
         return local, shared
+
+    def computed(self) -> None:
+        """Called once the backward pass is done, before anything is sent (a hook)."""
 
     def fetch(self, plan: CommPlan) -> Pulled:
         """Values, versions and state of ``plan.pull`` from the PS, in that order."""

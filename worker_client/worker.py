@@ -88,8 +88,11 @@ def run_worker(config: WorkerConfig) -> int:
             log.info("worker %d: prefetched %d rows of %s", w, cached, config.prefetch)
         log.info("worker %d: mode %s, cache %d rows", w, reply.mode, reply.cache_rows)
         stream = scheduler.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w))
-        ahead = step.prefetch if isinstance(step, PipelinedPlanStep) else None
-        for received in PlanFeed(stream, ahead):
+        pipelined = isinstance(step, PipelinedPlanStep)
+        feed = PlanFeed(stream, read_ahead=pipelined)
+        if isinstance(step, PipelinedPlanStep):
+            step.follow(feed.upcoming)
+        for received in feed:
             started = time.perf_counter()
             plan = received.plan
             traffic, loss = step.run(plan)
@@ -102,7 +105,7 @@ def run_worker(config: WorkerConfig) -> int:
                     counters=traffic.to_proto(),
                     loss_sum=loss,
                     samples=samples,
-                    wait_for_commit=ahead is not None,
+                    wait_for_commit=pipelined,
                 ),
                 timeout=config.timeout_seconds,
             )

@@ -26,6 +26,7 @@ refuse implicit host conversion. Two things are checked:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -58,15 +59,20 @@ def small_job(staleness: int = 0) -> TrainingJob:
     return replace(job, cache_rows=cache_rows_for(job.read(), 0.03))
 
 
+def showing(plan: CommPlan | None) -> Callable[[], CommPlan | None]:
+    """What a pipelined step sees as its next plan while it runs one."""
+    return lambda: plan
+
+
 def train_on_fake_device(
     cluster: ClusterFactory, job: TrainingJob, mode: str
 ) -> tuple[list[dict[str, int]], PSClient]:
     """Train every iteration with the real scheduler core and steps; the transfer
     counts of every (worker, iteration) and the PS client.
 
-    Iteration t runs once plans t+1 exist. A pipelined step prefetches its plan t+1 just
-    before it runs t, so its early rows are read before the other workers push and write
-    back t and before t's commit: the earliest moment the scheduler's plan flow allows."""
+    Iteration t runs once plans t+1 exist. A pipelined step sees its plan t+1 while it runs
+    t and prefetches its early rows there, before the other workers push and write back t
+    and before t's commit."""
     dataset = job.read()
     _, ps = cluster(2)
     job.create_tables(ps)
@@ -82,8 +88,8 @@ def train_on_fake_device(
             plan.final_flush = final
             plan.mini_batch = batches[plan.iteration].take(plan.samples)
             step = steps[plan.worker]
-            if isinstance(step, PipelinedPlanStep) and upcoming:
-                step.prefetch(upcoming[plan.worker])
+            if isinstance(step, PipelinedPlanStep):
+                step.follow(showing(upcoming[plan.worker] if upcoming else None))
             fakecupy.reset()
             traffic, _ = step.run(plan)
             early += traffic.early_pulls
