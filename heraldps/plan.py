@@ -18,7 +18,7 @@ from heraldps.v1 import scheduler_pb2
 
 Keys = npt.NDArray[np.int64]
 
-KEY_LISTS = ("samples", "evict", "pull", "update_local", "push_grads", "write_back")
+KEY_LISTS = ("samples", "evict", "pull", "update_local", "push_grads", "write_back", "pull_early")
 
 
 def _empty() -> Keys:
@@ -38,6 +38,10 @@ class CommPlan:
     (evict: eviction order; pull, update_local, push_grads: first occurrence
     in the worker's mini-batch; write_back: ascending key). ``mini_batch`` holds
     the samples themselves, in ``samples`` order, when the feeder sent them.
+
+    ``pull_early`` (mode ``herald_pipelined`` only) is a sub-sequence of ``pull``:
+    keys nobody pushes or writes back in the previous iteration, so its commit
+    leaves them as they are; a worker may fetch them while that iteration trains.
     """
 
     iteration: int
@@ -48,6 +52,7 @@ class CommPlan:
     update_local: Keys = field(default_factory=_empty)
     push_grads: Keys = field(default_factory=_empty)
     write_back: Keys = field(default_factory=_empty)
+    pull_early: Keys = field(default_factory=_empty)
     final_flush: bool = False  # after this iteration, write back every dirty row
     mini_batch: SparseDataset | None = None
 

@@ -40,6 +40,9 @@ class Traffic:
       fields, dense features, labels): the price of workers never reading the data.
     - ``dense_bytes``: bytes of dense parameters a worker sent and received (the dense
       table through the PS, or its all-reduce parts and checkpoints).
+    - ``early_pulls`` (``herald_pipelined``): pulls the plans mark early (scheduler) or that
+      a worker fetched while the previous iteration still trained (worker); part of
+      ``pulls``.
     """
 
     pulls: int = 0
@@ -56,6 +59,7 @@ class Traffic:
     local_samples: int = 0
     sample_bytes: int = 0
     dense_bytes: int = 0
+    early_pulls: int = 0
 
     @property
     def pushes(self) -> int:
@@ -65,6 +69,7 @@ class Traffic:
     def add_plan(self, plan: CommPlan) -> None:
         """Count the rows a released plan moves."""
         self.pulls += int(plan.pull.shape[0])
+        self.early_pulls += int(plan.pull_early.shape[0])
         self.grad_pushes += int(plan.push_grads.shape[0])
         self.write_backs += int(plan.write_back.shape[0])
         self.evictions += int(plan.evict.shape[0])
@@ -88,6 +93,7 @@ class Traffic:
             version_checks=self.version_checks,
             sample_bytes=self.sample_bytes,
             dense_bytes=self.dense_bytes,
+            early_pulls=self.early_pulls,
         )
 
     @classmethod
@@ -101,4 +107,5 @@ class Traffic:
             version_checks=counters.version_checks,
             sample_bytes=counters.sample_bytes,
             dense_bytes=counters.dense_bytes,
+            early_pulls=counters.early_pulls,
         )

@@ -146,7 +146,7 @@ def scheduler_process(
     args = ["scheduler", "--host", host, "--port", "0", "--metrics-port", "0",
             "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
             "--ps", ",".join(ps), "--grace-seconds", "5",
-            "--threads", str(workers + 8)]  # fmt: skip
+            "--threads", str(2 * workers + 8)]  # fmt: skip
     return ManagedProcess("scheduler", args, workdir, port_file=True, host=host,
                           namespace=namespace)  # fmt: skip
 

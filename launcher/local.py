@@ -92,6 +92,7 @@ class ModeResult:
             "grad_pushes": t["grad_pushes"],
             "write_backs": t["write_backs"],
             "version_checks": t["version_checks"],
+            "early_pulls": t["early_pulls"],
             "bytes_pulled": bytes_pulled,
             "bytes_pushed": bytes_pushed,
             "bytes_final_flush": t["final_flush"] * flush_bytes,
@@ -333,7 +334,7 @@ def _combine(
     worker's time from receiving its plan to its report, the workers' mean seconds per
     phase, and the period (the slowest worker's plan-to-plan time: all phases)."""
     keys = ("pulls", "grad_pushes", "write_backs", "final_flush", "version_checks", "hits",
-            "sample_bytes", "dense_bytes")  # fmt: skip
+            "sample_bytes", "dense_bytes", "early_pulls")  # fmt: skip
     totals = dict.fromkeys(keys, 0)
     per_iteration: list[dict[str, Any]] = [
         {"loss": 0.0, "seconds": 0.0, "period": 0.0, "phases": dict.fromkeys(PHASES, 0.0),

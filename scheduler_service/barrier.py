@@ -2,7 +2,10 @@
 
 No gRPC here. Thread-safe: one lock and one condition variable; plan
 watchers block on the condition until their next plan may flow (released,
-and the previous iteration committed).
+and the previous iteration committed). In mode ``herald_pipelined`` plans flow
+one iteration ahead: plan t+1 once t-1 is committed, so a worker holds it (and
+fetches its early pulls) while it trains t; the plan's early marks are exactly
+the rows t's commit cannot change, and t-1's commit has happened.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Callable
 
 from heraldps.datasets import SparseDataset
 from heraldps.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from heraldps.modes import PIPELINED_MODE
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import SampleScheduler, Scheduler
@@ -35,6 +39,9 @@ class Barrier:
         self.scheduler = scheduler
         self._commit = commit
         self.max_backlog = max_backlog
+        # How many iterations a plan may run ahead of the last commit: 1 is BSP's (plan
+        # t+1 after t's commit); the pipelined mode's plan t+1 flows after t-1's.
+        self.lead = 2 if scheduler.mode == PIPELINED_MODE else 1
         self.registered: set[int] = set()
         self._collective: dict[int, str] = {}  # worker -> its Collective service's address
         self.committed = -1
@@ -146,7 +153,7 @@ class Barrier:
 
             def ready() -> bool:
                 it = wanted()
-                return (it in self._plans and self.committed >= it - 1) or (
+                return (it in self._plans and self.committed >= it - self.lead) or (
                     self.finished and it not in self._plans
                 )
 
@@ -185,6 +192,11 @@ class Barrier:
             del self._done[iteration]
             self._changed.notify_all()
         return True
+
+    def wait_committed(self, iteration: int, timeout: float) -> bool:
+        """Block until ``iteration`` is committed; False when ``timeout`` passed first."""
+        with self._lock:
+            return self._changed.wait_for(lambda: self.committed >= iteration, timeout=timeout)
 
     def is_over(self, iteration: int | None) -> bool:
         with self._lock:

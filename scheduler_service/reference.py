@@ -25,6 +25,7 @@ MODE_PARTS = {
     "on_demand": ("sequential", "on_demand"),
     "location_aware": ("location_aware", "naive"),
     "herald": ("location_aware", "on_demand"),
+    "herald_pipelined": ("location_aware", "on_demand"),  # plus early pulls marked
 }
 
 
@@ -37,8 +38,14 @@ class CachedRow:
 class ReferenceScheduler:
     """``partition``: "sequential" | "location_aware"; ``sync``: "naive" | "on_demand"."""
 
-    def __init__(self, num_workers: int, capacity: int, partition: str, sync: str) -> None:
+    def __init__(
+        self, num_workers: int, capacity: int, partition: str, sync: str, early: bool = False
+    ) -> None:
         self.num_workers = num_workers
+        # Mark early pulls: keys of the last released iteration's pushes and write-backs
+        # (None before the first release, when nothing is marked).
+        self.early = early
+        self.changed_before: set[int] | None = None
         self.capacity = capacity
         self.partition = partition
         self.sync = sync
@@ -51,7 +58,7 @@ class ReferenceScheduler:
     @classmethod
     def for_mode(cls, num_workers: int, capacity: int, mode: str) -> ReferenceScheduler:
         partition, sync = MODE_PARTS[mode]
-        return cls(num_workers, capacity, partition, sync)
+        return cls(num_workers, capacity, partition, sync, early=mode == "herald_pipelined")
 
     def valid(self, worker: int, key: int) -> bool:
         row = self.caches[worker].get(key)
@@ -188,6 +195,17 @@ class ReferenceScheduler:
         for plan in self.pending:
             added = extra.get(plan.worker, [])
             plan.write_back = np.array(sorted([*plan.write_back.tolist(), *added]), np.int64)
+        if self.early and self.pending:
+            if self.changed_before is not None:
+                for plan in self.pending:
+                    early = [k for k in plan.pull.tolist() if k not in self.changed_before]
+                    plan.pull_early = np.array(early, dtype=np.int64)
+            self.changed_before = {
+                k
+                for plan in self.pending
+                for k in [*plan.push_grads.tolist(), *plan.write_back.tolist()]
+            }
+        for plan in self.pending:
             self.counts.add_plan(plan)
         released, self.pending = self.pending, []
         return released

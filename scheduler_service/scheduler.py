@@ -8,7 +8,9 @@ the next batch (on-demand synchronisation, Herald section 3.1).
 
 Modes (Herald Table 1): ``naive`` = sequential + naive, ``on_demand`` =
 sequential + on-demand, ``location_aware`` = location-aware + naive,
-``herald`` = location-aware + on-demand.
+``herald`` = location-aware + on-demand. ``herald_pipelined`` plans exactly as
+``herald`` and adds one stage at release, :class:`EarlyPulls`, which marks the
+pulls the previous iteration cannot change.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.errors import CacheTooSmall, FailedPrecondition, InvalidArgument
-from heraldps.modes import ALL_MODES, HET_MODE
+from heraldps.modes import ALL_MODES, HET_MODE, PIPELINED_MODE
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service import kernels
@@ -106,11 +108,46 @@ class OnDemandSync(SyncPlanner):
     on_demand = True
 
 
+class EarlyPulls:
+    """Marks, in each released plan, the pulls the previous released iteration cannot
+    change (``CommPlan.pull_early``): keys no worker pushes a gradient for or writes back
+    in it. A row changes on the PS only by a write-back or by the commit of pushed
+    gradients, so such a key's row after that iteration's commit is the one on the PS
+    while it trains. The first plans a scheduler releases get no marks (it does not know
+    the iteration before them). A final flush has no next plan, so it needs no place here.
+    """
+
+    def __init__(self) -> None:
+        self._changed: npt.NDArray[np.int64] | None = None  # sorted, distinct
+
+    def mark(self, plans: list[CommPlan]) -> None:
+        """Set ``pull_early`` of ``plans`` (one iteration's, final lists) and remember
+        the keys they change for the next iteration's plans."""
+        if self._changed is not None:
+            for plan in plans:
+                plan.pull_early = plan.pull[~_member(plan.pull, self._changed)]
+        if plans:
+            lists = [a for p in plans for a in (p.push_grads, p.write_back)]
+            self._changed = np.unique(np.concatenate(lists))
+
+
+def _member(
+    keys: npt.NDArray[np.int64], sorted_set: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """``np.isin(keys, sorted_set)`` by binary search on the already sorted set."""
+    if not sorted_set.shape[0]:
+        return np.zeros(keys.shape[0], dtype=bool)
+    at = np.searchsorted(sorted_set, keys)
+    found: npt.NDArray[np.bool_] = sorted_set[np.minimum(at, sorted_set.shape[0] - 1)] == keys
+    return found
+
+
 MODES: dict[str, tuple[type[Partitioner], type[SyncPlanner]]] = {
     "naive": (SequentialPartitioner, NaiveSync),
     "on_demand": (SequentialPartitioner, OnDemandSync),
     "location_aware": (LocationAwarePartitioner, NaiveSync),
     "herald": (LocationAwarePartitioner, OnDemandSync),
+    PIPELINED_MODE: (LocationAwarePartitioner, OnDemandSync),
 }
 
 
@@ -124,6 +161,7 @@ class Scheduler:
         self.mode = mode
         self.partitioner = partitioner()
         self.planner = planner()
+        self.early = EarlyPulls() if mode == PIPELINED_MODE else None
         self.mirror = CacheMirror(num_workers, capacity)
         self.counts = Traffic()
         self.next_iteration: int | None = None
@@ -212,6 +250,9 @@ class Scheduler:
                 # at once: in practice only one of the two lists is non-empty.
                 own = plan.write_back
                 plan.write_back = np.sort(np.concatenate([own, extra])) if own.shape[0] else extra
+        if self.early is not None:
+            self.early.mark(self._pending)
+        for plan in self._pending:
             self.counts.add_plan(plan)
         released, self._pending = self._pending, []
         return released

@@ -7,6 +7,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 
 from heraldps.client import PSClient
+from heraldps.modes import PIPELINED_MODE
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -46,11 +47,31 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.mode not in SERVICE_MODES:
             raise ValueError(f"--mode must be one of {', '.join(SERVICE_MODES)}, got {self.mode!r}")
-        if self.threads < self.workers + 4:
-            raise ValueError(
-                f"--threads {self.threads} is too few for {self.workers} plan streams; "
-                f"use at least {self.workers + 4}"
+        if self.threads < self.min_threads:
+            held = (
+                "plan streams and reports waiting for commits"
+                if self.pipelined
+                else ("plan streams")
             )
+            raise ValueError(
+                f"--threads {self.threads} is too few for {self.workers} workers' {held}; "
+                f"use at least {self.min_threads}"
+            )
+        if self.pipelined and self.max_backlog < 2:
+            raise ValueError(
+                f"--mode {PIPELINED_MODE} releases plan t+1 while t trains, which needs "
+                f"--max-backlog 2 or more, got {self.max_backlog}"
+            )
+
+    @property
+    def pipelined(self) -> bool:
+        return self.mode == PIPELINED_MODE
+
+    @property
+    def min_threads(self) -> int:
+        """Every worker holds a plan stream open; a pipelined one also a ReportDone that
+        waits for the commit."""
+        return (2 if self.pipelined else 1) * self.workers + 4
 
 
 class SchedulerServer(GrpcProcess):

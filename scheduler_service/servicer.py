@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import grpc
 
 from heraldps import wire
-from heraldps.errors import InvalidArgument
+from heraldps.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from heraldps.plan import CommPlan, plan_to_proto
 from heraldps.samples import decode_samples
 from heraldps.status import stream_handler, unary_handler
@@ -173,7 +173,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             m.last_commit.set_to_current_time()
             m.committed.set(request.iteration)
             m.backlog.set(self.barrier.backlog)
+        if request.wait_for_commit and not committed:
+            self._wait_committed(request.iteration, context)
         return scheduler_pb2.ReportDoneResponse(committed=committed)
+
+    def _wait_committed(self, iteration: int, context: grpc.ServicerContext) -> None:
+        """Hold a report until its iteration is committed (``wait_for_commit``)."""
+        while not self.barrier.wait_committed(iteration, WATCH_POLL_SECONDS):
+            if self.stopping.is_set():
+                raise Unavailable(
+                    f"the scheduler is stopping before iteration {iteration} was committed"
+                )
+            if not context.is_active():
+                raise DeadlineExceeded(
+                    f"iteration {iteration} was not committed before the report's deadline: "
+                    "some worker has not reported it; see the workers' logs"
+                )
 
     @unary_handler
     def ListWorkers(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from heraldps.datasets import SparseDataset
+from heraldps.modes import PIPELINED_MODE
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import MODES, Scheduler
 
@@ -105,6 +106,7 @@ def simulate_mode(
         "write_backs": c.write_backs,
         "evictions": c.evictions,
         "hits": c.hits,
+        "early_pulls": c.early_pulls,
         "iterations": c.iterations,
         "ms_per_batch": 1000 * seconds / max(c.iterations, 1),
     }
@@ -140,6 +142,18 @@ def table(result: dict[str, Any]) -> str:
             f" | {overall:.2f} |"
         )
     return "\n".join(lines)
+
+
+def early_line(result: dict[str, Any]) -> str | None:
+    """How many of the pipelined mode's pulls its plans mark early; None if it did not run."""
+    c = result["modes"].get(PIPELINED_MODE)
+    if c is None:
+        return None
+    share = ratio(c["early_pulls"], c["pulls"])
+    return (
+        f"{PIPELINED_MODE}: {c['early_pulls']:,} of {c['pulls']:,} pulls ({share:.0%}) are early "
+        "(the previous iteration does not change them)"
+    )
 
 
 def write_json(result: dict[str, Any], path: str) -> None:

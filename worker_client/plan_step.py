@@ -6,18 +6,30 @@ plan lists. Anything in the plan that does not match the cache is a
 :class:`PlanMismatch`: the worker and the scheduler's mirror have diverged,
 and training must stop rather than silently train a different model. Every
 check runs before the cache or the PS changes.
+
+The sends of an iteration overlap (:class:`~worker_client.sends.Sends`): the
+gradient push and the dense push leave as soon as the backward pass has made
+them, while the local optimizer runs; the write-backs (which need those local
+updates) follow; the step waits for all of them before it returns. The PS
+accepts them in any order within an iteration: pushes only add to the
+iteration's buffer until the commit, and a write-back checks the row's
+version, which nothing but a commit or a write-back of the same row changes.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.client.core import Pulled
 from heraldps.errors import FailedPrecondition
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from worker_client.device import to_host
 from worker_client.job import EMBEDDING_TABLE
+from worker_client.sends import Sends
 from worker_client.step import Step
 
 
@@ -38,7 +50,8 @@ class PlanStep(Step):
             self._check_evictions(plan)
             cache.evict(plan.evict)
         if plan.pull.shape[0]:
-            self._pull_planned(plan)
+            with self.timer("pull"):
+                self._pull_planned(plan)
             traffic.pulls += plan.pull.shape[0]
         slots = cache.slots(mb.keys)
         if np.any(slots < 0):
@@ -48,22 +61,44 @@ class PlanStep(Step):
             )
         traffic.hits += mb.keys.shape[0] - plan.pull.shape[0]
         loss, emb_grad, dense_grad = self.train(mb, slots)
-        if local.shape[0]:
-            cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)], self.optimizer)
+        self.computed()
+        sends = Sends()
         if shared.shape[0]:
             grads = to_host(emb_grad[self.xp.asarray(shared)])
-            self.ps.push_gradients(EMBEDDING_TABLE, plan.push_grads, grads, t)
+            sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, plan.push_grads, grads, t))
             traffic.grad_pushes += plan.push_grads.shape[0]
-        self.push_dense(dense_grad, t, plan.final_flush)
-        if plan.write_back.shape[0]:
-            self.write_back(plan.write_back)
-            traffic.write_backs += plan.write_back.shape[0]
-        if plan.final_flush:
-            dirty = cache.dirty_keys()
-            if dirty.shape[0]:
-                self.write_back(dirty)
-            traffic.final_flush += dirty.shape[0]
+        waited = self.dense.wait_seconds
+        sends.add(sends.in_thread(self.dense.update, to_host(dense_grad), t, plan.final_flush))
+        if local.shape[0]:
+            with self.timer("optimizer"):
+                cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)],
+                                   self.optimizer)  # fmt: skip
+        written = plan.write_back
+        traffic.write_backs += written.shape[0]
+        if plan.final_flush:  # every row still dirty, with the plan's write-backs: one request
+            flush = np.setdiff1d(cache.dirty_keys(), written, assume_unique=True)
+            written = np.concatenate([written, flush])
+            traffic.final_flush += flush.shape[0]
+        rows = None
+        if written.shape[0]:
+            rows = cache.rows_for_write_back(written)
+            sends.add(self.ps.write_back_async(EMBEDDING_TABLE, rows.keys, rows.values,
+                                               rows.state, rows.base_versions,
+                                               rows.new_versions))  # fmt: skip
+        blocked = time.perf_counter()
+        sends.wait()
+        self._time_sends(time.perf_counter() - blocked, self.dense.wait_seconds - waited)
+        if rows is not None:
+            cache.mark_written(rows)
         return traffic, loss
+
+    def _time_sends(self, blocked: float, peer_wait: float) -> None:
+        """The time the step blocked on its concurrent sends: ``push`` (gradients,
+        write-backs and the dense gradient together), less what the all-reduce spent
+        waiting for the other workers (``peer_wait``, a barrier, not network)."""
+        peer_wait = min(peer_wait, blocked)
+        self.timer.add("push", blocked - peer_wait)
+        self.timer.add("peer_wait", peer_wait)
 
     def _split(
         self, plan: CommPlan, keys: npt.NDArray[np.int64]
@@ -82,6 +117,13 @@ class PlanStep(Step):
                 f"{self.worker}'s mini-batch keys, in their order"
             )
         return local, shared
+
+    def computed(self) -> None:
+        """Called once the backward pass is done, before anything is sent (a hook)."""
+
+    def fetch(self, plan: CommPlan) -> Pulled:
+        """Values, versions and state of ``plan.pull`` from the PS, in that order."""
+        return self.ps.pull_with_state(EMBEDDING_TABLE, plan.pull)
 
     def _check_evictions(self, plan: CommPlan) -> None:
         """Evicted rows are held and clean (the scheduler wrote them back earlier)."""
@@ -131,7 +173,7 @@ class PlanStep(Step):
                 f"plan {plan.iteration} pulls {new} new rows into a cache with {cache.free} "
                 f"free of {cache.capacity}"
             )
-        values, versions, state = self.ps.pull_with_state(EMBEDDING_TABLE, plan.pull)
+        values, versions, state = self.fetch(plan)
         current = versions[held] == cache.clocks(slots[held])
         if np.any(current):
             raise PlanMismatch(

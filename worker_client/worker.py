@@ -6,7 +6,9 @@ size from the scheduler, picks its step once (:func:`make_step`: Herald plan
 execution or HET) and runs it on every plan it receives. The samples arrive
 inside the plans: a worker never opens a data file. Every iteration ends with
 ``ReportDone`` carrying the rows it moved; the scheduler commits once all
-workers reported. A failed RPC (scheduler or shard unreachable after the
+workers reported (in mode ``herald_pipelined`` the worker reads its plans
+ahead and waits in ``ReportDone`` for the commit: :mod:`worker_client.pipeline`).
+A failed RPC (scheduler or shard unreachable after the
 client's retries) or a plan that contradicts the cache ends the process with
 a message and exit code 1, never a hang: every call has a deadline.
 """
@@ -25,8 +27,7 @@ import numpy as np
 
 from heraldps.client import PSClient
 from heraldps.errors import FailedPrecondition, HeraldError, Unavailable, error_from_rpc
-from heraldps.modes import HET_MODE
-from heraldps.plan import plan_from_proto
+from heraldps.modes import HET_MODE, PIPELINED_MODE
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.collective import AllReduce, Mailbox, serve_collective
@@ -35,6 +36,7 @@ from worker_client.device import array_module
 from worker_client.het_step import HETStep
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.metrics import WorkerMetrics
+from worker_client.pipeline import PipelinedPlanStep, PlanFeed
 from worker_client.plan_step import PlanStep
 from worker_client.step import Step
 
@@ -66,9 +68,13 @@ def make_step(
     xp: Any = np,
     dense: DenseSync | None = None,
 ) -> Step:
-    """The step of a scheduler mode, chosen once: HET for ``het``, else plan execution."""
-    step_type: type[Step] = HETStep if mode == HET_MODE else PlanStep
-    return step_type(job, worker, ps, cache_rows, xp, dense)
+    """The step of a scheduler mode, chosen once: HET for ``het``, plan execution with
+    early pulls for ``herald_pipelined``, else plan execution."""
+    if mode == HET_MODE:
+        return HETStep(job, worker, ps, cache_rows, xp, dense)
+    if mode == PIPELINED_MODE:
+        return PipelinedPlanStep(job, worker, ps, cache_rows, xp, dense)
+    return PlanStep(job, worker, ps, cache_rows, xp, dense)
 
 
 class DenseAllReduceSetup:
@@ -148,13 +154,17 @@ def run_worker(config: WorkerConfig) -> int:
         log.info("worker %d: mode %s, cache %d rows", w, reply.mode, reply.cache_rows)
         dense_bytes = step.dense.bytes_moved
         stream = scheduler.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w))
+        pipelined = isinstance(step, PipelinedPlanStep)
+        feed = PlanFeed(stream, read_ahead=pipelined)
+        if isinstance(step, PipelinedPlanStep):
+            step.follow(feed.upcoming)
         waiting = time.perf_counter()
-        for message in stream:
+        for received in feed:
             started = time.perf_counter()
             step.timer.add("plan_wait", started - waiting)
-            plan = plan_from_proto(message)
+            plan = received.plan
             traffic, loss = step.run(plan)
-            traffic.sample_bytes = message.mini_batch.ByteSize()
+            traffic.sample_bytes = received.sample_bytes
             traffic.dense_bytes = step.dense.bytes_moved - dense_bytes
             dense_bytes = step.dense.bytes_moved
             samples = int(plan.samples.shape[0])
@@ -166,6 +176,7 @@ def run_worker(config: WorkerConfig) -> int:
                         counters=traffic.to_proto(),
                         loss_sum=loss,
                         samples=samples,
+                        wait_for_commit=pipelined,
                     ),
                     timeout=config.timeout_seconds,
                 )

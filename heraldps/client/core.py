@@ -145,6 +145,11 @@ class ShardClient:
         """
         return rpc.gather([self._pull(table, keys, with_state=False)], lambda r: r[0][:2])
 
+    def pull_with_state_async(self, table: str, keys: npt.ArrayLike) -> Future[Pulled]:
+        """``pull_with_state`` without waiting; the future resolves to (values, versions,
+        state) or the error. The first call for a table asks a shard for its width first."""
+        return self._pull(table, keys, with_state=True)
+
     @rpc.reports_errors
     def _pull(self, table: str, keys: npt.ArrayLike, with_state: bool) -> Future[Pulled]:
         keys = as_keys(keys)
@@ -243,6 +248,19 @@ class ShardClient:
     ) -> None:
         """Store rows a worker updated where each stored version equals its base (else
         ``VersionConflict``)."""
+        rpc.wait(self.write_back_async(table, keys, values, state, base_versions, new_versions))
+
+    @rpc.reports_errors
+    def write_back_async(
+        self,
+        table: str,
+        keys: npt.ArrayLike,
+        values: npt.ArrayLike,
+        state: npt.ArrayLike | None,
+        base_versions: npt.ArrayLike,
+        new_versions: npt.ArrayLike,
+    ) -> Future[None]:
+        """``write_back`` without waiting; the future resolves to None or the error."""
         keys = as_keys(keys)
         n = keys.shape[0]
         dim, state_width = self._widths_of(table)
@@ -260,7 +278,7 @@ class ShardClient:
                 new_versions=wire.encode_keys(new[index])), idempotent=False)
             for shard, index in self._requests(keys, 24 + 4 * (dim + state_width))
         ]  # fmt: skip
-        rpc.wait(rpc.gather(calls, _nothing))
+        return rpc.gather(calls, _nothing)
 
 
 def _nothing(_: list[Any]) -> None:

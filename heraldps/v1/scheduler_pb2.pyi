@@ -10,7 +10,10 @@ every worker cache, and streams one CommPlan per worker per iteration. A
 plan for iteration t is released once batch t+1 is known (its write-backs
 depend on who needs which row next) or the feeder called Finish. When
 every worker has reported iteration t done, the scheduler commits t on
-every PS shard; only then do the plans of t+1 flow (BSP).
+every PS shard; only then do the plans of t+1 flow (BSP). In mode
+herald_pipelined a plan flows one iteration earlier (plan t+1 once t-1 is
+committed, while t trains) and marks the pulls t cannot change
+(CommPlan.pull_early), which the worker fetches while it still trains t.
 
 Bulk arrays are packed bytes as in types.proto: little-endian int64.
 """
@@ -108,8 +111,10 @@ class RegisterWorkerResponse(_message.Message):
     TABLE_FIELD_NUMBER: _builtins.int
     num_workers: _builtins.int
     mode: _builtins.str
-    """naive | on_demand | location_aware | herald | het (plans carry samples
-    only; the worker's cache decides pulls and pushes by clocks)
+    """naive | on_demand | location_aware | herald | herald_pipelined (herald's
+    plans, with early pulls marked and flowing one iteration ahead) | het
+    (plans carry samples only; the worker's cache decides pulls and pushes by
+    clocks)
     """
     cache_rows: _builtins.int
     """Cache capacity in rows the plans assume; the worker's cache must match."""
@@ -253,6 +258,10 @@ class CommPlan(_message.Message):
     """One worker's instructions for one iteration (Herald's communication plan).
     Execute in order: evict, pull, train `samples`, update `update_local` rows
     locally, push gradients of `push_grads`, write back `write_back`, report.
+    The pushes, the write-backs and the dense push of one iteration may be sent
+    in any order and concurrently: the PS buffers gradients until the commit,
+    and a write-back only checks the row's version, which no push changes
+    before the commit.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -268,6 +277,7 @@ class CommPlan(_message.Message):
     WRITE_BACK_FIELD_NUMBER: _builtins.int
     FINAL_FLUSH_FIELD_NUMBER: _builtins.int
     MINI_BATCH_FIELD_NUMBER: _builtins.int
+    PULL_EARLY_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     worker_id: _builtins.int
     table: _builtins.str
@@ -278,7 +288,9 @@ class CommPlan(_message.Message):
     back earlier).
     """
     pull: _builtins.bytes
-    """int64 keys to pull (value, state, version) from the PS."""
+    """int64 keys to pull (value, state, version) from the PS, in
+    first-occurrence order of the worker's mini-batch.
+    """
     update_local: _builtins.bytes
     """int64 keys only this worker trains this iteration: apply the optimizer
     locally and keep the row (dirty under on-demand sync).
@@ -291,6 +303,16 @@ class CommPlan(_message.Message):
     """
     final_flush: _builtins.bool
     """After this iteration, write back every row still dirty: training ends."""
+    pull_early: _builtins.bytes
+    """int64 keys: the early pulls, a sub-sequence of `pull` (same order). No
+    worker pushes a gradient for these keys or writes them back in iteration
+    `iteration` - 1 (the last plan before this one), so that iteration's
+    commit leaves their rows as they are on the PS while it trains: a worker
+    may pull them as soon as it holds this plan (it flows once `iteration` - 2
+    is committed), before `iteration` - 1 is committed. The other pulls
+    must wait for that commit. Set only in mode herald_pipelined (empty
+    otherwise, and in the first plan a scheduler releases).
+    """
     @_builtins.property
     def mini_batch(self) -> _types_pb2.SampleBlock:
         """The samples named by `samples`, in that order, when the feeder submitted
@@ -311,10 +333,11 @@ class CommPlan(_message.Message):
         write_back: _builtins.bytes = ...,
         final_flush: _builtins.bool = ...,
         mini_batch: _types_pb2.SampleBlock | None = ...,
+        pull_early: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["mini_batch", b"mini_batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "mini_batch", b"mini_batch", "pull", b"pull", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -334,6 +357,7 @@ class TrafficCounters(_message.Message):
     VERSION_CHECKS_FIELD_NUMBER: _builtins.int
     SAMPLE_BYTES_FIELD_NUMBER: _builtins.int
     DENSE_BYTES_FIELD_NUMBER: _builtins.int
+    EARLY_PULLS_FIELD_NUMBER: _builtins.int
     pulled_rows: _builtins.int
     pushed_gradient_rows: _builtins.int
     written_back_rows: _builtins.int
@@ -352,6 +376,10 @@ class TrafficCounters(_message.Message):
     """Bytes of dense parameters this worker sent and received: the dense
     table's pulls and gradient pushes through the PS, or the all-reduce's parts.
     """
+    early_pulls: _builtins.int
+    """Rows of pulled_rows the worker pulled early, while the previous iteration
+    still trained (herald_pipelined); a prefetched row is still one pull.
+    """
     def __init__(
         self,
         *,
@@ -363,10 +391,11 @@ class TrafficCounters(_message.Message):
         version_checks: _builtins.int = ...,
         sample_bytes: _builtins.int = ...,
         dense_bytes: _builtins.int = ...,
+        early_pulls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "dense_bytes", b"dense_bytes", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "sample_bytes", b"sample_bytes", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "dense_bytes", b"dense_bytes", "early_pulls", b"early_pulls", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "sample_bytes", b"sample_bytes", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -381,6 +410,7 @@ class ReportDoneRequest(_message.Message):
     COUNTERS_FIELD_NUMBER: _builtins.int
     LOSS_SUM_FIELD_NUMBER: _builtins.int
     SAMPLES_FIELD_NUMBER: _builtins.int
+    WAIT_FOR_COMMIT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.int
     iteration: _builtins.int
     loss_sum: _builtins.float
@@ -389,6 +419,13 @@ class ReportDoneRequest(_message.Message):
     """
     samples: _builtins.int
     """Samples the worker trained this iteration."""
+    wait_for_commit: _builtins.bool
+    """Return only once `iteration` is committed on every PS shard (every worker
+    reported), or fail with DEADLINE_EXCEEDED at the call's deadline (the
+    report still counts) or UNAVAILABLE when the scheduler stops.
+    herald_pipelined workers use it to learn when they may pull the rows the
+    commit changes: their next plan is already in hand.
+    """
     @_builtins.property
     def counters(self) -> Global___TrafficCounters: ...
     def __init__(
@@ -399,10 +436,11 @@ class ReportDoneRequest(_message.Message):
         counters: Global___TrafficCounters | None = ...,
         loss_sum: _builtins.float = ...,
         samples: _builtins.int = ...,
+        wait_for_commit: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "iteration", b"iteration", "loss_sum", b"loss_sum", "samples", b"samples", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "iteration", b"iteration", "loss_sum", b"loss_sum", "samples", b"samples", "wait_for_commit", b"wait_for_commit", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -97,7 +97,9 @@ class SchedulerServicer:
 
     def WatchPlans(self, request, context):
         """A registered worker's plans, in iteration order, each after the previous
-        iteration was committed. The stream ends after the final plan.
+        iteration was committed (herald_pipelined: after the one before the
+        previous, so plan t+1 arrives while t trains). The stream ends after the
+        final plan.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -105,6 +107,7 @@ class SchedulerServicer:
 
     def ReportDone(self, request, context):
         """A worker finished an iteration; the last report of an iteration commits it.
+        With wait_for_commit the call returns only once the iteration is committed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

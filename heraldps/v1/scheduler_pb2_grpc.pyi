@@ -10,7 +10,10 @@ every worker cache, and streams one CommPlan per worker per iteration. A
 plan for iteration t is released once batch t+1 is known (its write-backs
 depend on who needs which row next) or the feeder called Finish. When
 every worker has reported iteration t done, the scheduler commits t on
-every PS shard; only then do the plans of t+1 flow (BSP).
+every PS shard; only then do the plans of t+1 flow (BSP). In mode
+herald_pipelined a plan flows one iteration earlier (plan t+1 once t-1 is
+committed, while t trains) and marks the pulls t cannot change
+(CommPlan.pull_early), which the worker fetches while it still trains t.
 
 Bulk arrays are packed bytes as in types.proto: little-endian int64.
 """
@@ -51,10 +54,14 @@ class SchedulerStub:
     """No more batches: release the last plans (they carry final_flush)."""
     WatchPlans: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.WatchPlansRequest, _scheduler_pb2.CommPlan]
     """A registered worker's plans, in iteration order, each after the previous
-    iteration was committed. The stream ends after the final plan.
+    iteration was committed (herald_pipelined: after the one before the
+    previous, so plan t+1 arrives while t trains). The stream ends after the
+    final plan.
     """
     ReportDone: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReportDoneRequest, _scheduler_pb2.ReportDoneResponse]
-    """A worker finished an iteration; the last report of an iteration commits it."""
+    """A worker finished an iteration; the last report of an iteration commits it.
+    With wait_for_commit the call returns only once the iteration is committed.
+    """
     GetStatus: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetStatusRequest, _scheduler_pb2.SchedulerStatus]
     """Progress of the scheduler."""
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]
@@ -73,10 +80,14 @@ class SchedulerAsyncStub(SchedulerStub):
     """No more batches: release the last plans (they carry final_flush)."""
     WatchPlans: _aio.UnaryStreamMultiCallable[_scheduler_pb2.WatchPlansRequest, _scheduler_pb2.CommPlan]  # type: ignore[assignment]
     """A registered worker's plans, in iteration order, each after the previous
-    iteration was committed. The stream ends after the final plan.
+    iteration was committed (herald_pipelined: after the one before the
+    previous, so plan t+1 arrives while t trains). The stream ends after the
+    final plan.
     """
     ReportDone: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReportDoneRequest, _scheduler_pb2.ReportDoneResponse]  # type: ignore[assignment]
-    """A worker finished an iteration; the last report of an iteration commits it."""
+    """A worker finished an iteration; the last report of an iteration commits it.
+    With wait_for_commit the call returns only once the iteration is committed.
+    """
     GetStatus: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetStatusRequest, _scheduler_pb2.SchedulerStatus]  # type: ignore[assignment]
     """Progress of the scheduler."""
     ListWorkers: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]  # type: ignore[assignment]
@@ -116,7 +127,9 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.CommPlan], _abc.AsyncIterator[_scheduler_pb2.CommPlan]]:
         """A registered worker's plans, in iteration order, each after the previous
-        iteration was committed. The stream ends after the final plan.
+        iteration was committed (herald_pipelined: after the one before the
+        previous, so plan t+1 arrives while t trains). The stream ends after the
+        final plan.
         """
 
     @_abc_1.abstractmethod
@@ -125,7 +138,9 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.ReportDoneRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ReportDoneResponse, _abc.Awaitable[_scheduler_pb2.ReportDoneResponse]]:
-        """A worker finished an iteration; the last report of an iteration commits it."""
+        """A worker finished an iteration; the last report of an iteration commits it.
+        With wait_for_commit the call returns only once the iteration is committed.
+        """
 
     @_abc_1.abstractmethod
     def GetStatus(

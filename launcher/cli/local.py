@@ -10,7 +10,7 @@ import argparse
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
-from heraldps.modes import ALL_MODES, MAX_WORKERS
+from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
 from launcher.cli.command import Command, at_least, fraction, names, positive
 from launcher.cli.data import add_data_arguments
 
@@ -36,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-column", default=None, help="label column (csv)")
     p.add_argument("--dense-columns", default=None, help="comma-separated numeric columns (csv)")
     p.add_argument(
-        "--modes", default=",".join(ALL_MODES), help="comma-separated modes to train, in order"
+        "--modes",
+        default=",".join(DEFAULT_LOCAL_MODES),
+        help=f"comma-separated modes to train, in order, of {', '.join(ALL_MODES)}",
     )
     p.add_argument(
         "--staleness", type=at_least(0), default=0, help="HET staleness bound s (het mode)"

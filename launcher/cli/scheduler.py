@@ -16,8 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mode",
         default="herald",
-        help="naive, on_demand, location_aware, herald, or het (plans carry samples only: "
-        "worker caches decide by clocks; the scheduler is the BSP barrier)",
+        help="naive, on_demand, location_aware, herald, herald_pipelined (herald's plans, "
+        "flowing one iteration ahead with early pulls marked), or het (plans carry samples "
+        "only: worker caches decide by clocks; the scheduler is the BSP barrier)",
     )
     p.add_argument("--table", default="emb", help="embedding table the plans refer to")
     p.add_argument("--ps", default="", help="comma-separated PS shard addresses, in shard order")

@@ -29,7 +29,13 @@ def run(args: argparse.Namespace) -> int:
     from heraldps.datasets import read_dataset
     from heraldps.errors import CacheTooSmall
     from launcher.preflight import cache_error, check_cache, check_columns
-    from scheduler_service.simulate import SimulationConfig, simulate, table, write_json
+    from scheduler_service.simulate import (
+        SimulationConfig,
+        early_line,
+        simulate,
+        table,
+        write_json,
+    )
 
     columns = names(args.sparse_columns)
     check_columns(args.data, args.format, columns)
@@ -52,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         f"{result['modes']['naive']['iterations']} iterations"
     )
     print(table(result))
+    early = early_line(result)
+    if early is not None:
+        print(early)
     if args.json:
         write_json(result, args.json)
     return 0

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from heraldps.bundled import bundled_data
-from heraldps.modes import ALL_MODES, HERALD_MODES
+from heraldps.modes import ALL_MODES, HERALD_MODES, PIPELINED_MODE
 from launcher.cluster import ClusterError
 from launcher.local import run_mode
 from launcher.report import ps_agrees
@@ -70,6 +70,9 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
             assert live["pulls"] == expected["pulls"], mode
             assert live["grad_pushes"] + live["write_backs"] == expected["pushes"], mode
             assert live["final_flush"] == expected["final_flush"], mode
+        if mode == PIPELINED_MODE:  # herald's rows, some fetched while the previous trained
+            assert predicted[mode]["pulls"] == predicted["herald"]["pulls"]
+            assert 0 < live["early_pulls"] <= predicted[mode]["early_pulls"]
 
 
 def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
@@ -79,7 +82,7 @@ def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
     train = job.read()
     reference = ReferenceTrainer(job)
     reference.train(train)
-    for mode in ("herald", "het"):
+    for mode in ("herald", "herald_pipelined", "het"):
         result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True,
                           store="cached", cache_gb=500 * 56 / 2**30)  # fmt: skip
         model = result.model
@@ -93,7 +96,7 @@ def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["herald", "het"])
+@pytest.mark.parametrize("mode", ["herald", "herald_pipelined", "het"])
 def test_gpu_workers_train_the_single_process_model(mode: str, tmp_path: Path) -> None:
     """The CuPy cache and model path: the same model as NumPy single-process training."""
     job = replace(small_job("adam"), device="gpu")

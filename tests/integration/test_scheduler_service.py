@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
 import time
 import urllib.request
@@ -38,15 +40,18 @@ def make_batches(count: int, first: int = 0) -> list[Batch]:
     return out
 
 
-@pytest.fixture
-def scheduler(cluster: ClusterFactory) -> Iterator[tuple[SchedulerServer, grpc.Channel]]:
+@contextlib.contextmanager
+def scheduler_server(
+    cluster: ClusterFactory, mode: str = "herald"
+) -> Iterator[tuple[SchedulerServer, grpc.Channel]]:
+    """A scheduler (backlog 2) committing on two real shards, and a channel to it."""
     _, ps = cluster(2)
     ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
     server = SchedulerServer(
         SchedulerConfig(
             workers=WORKERS,
             cache_rows=CAPACITY,
-            mode="herald",
+            mode=mode,
             ps=tuple(ps.addresses),
             host="127.0.0.1",
             port=0,
@@ -57,9 +62,17 @@ def scheduler(cluster: ClusterFactory) -> Iterator[tuple[SchedulerServer, grpc.C
     )
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-    yield server, channel
-    channel.close()
-    server.stop(grace=0)
+    try:
+        yield server, channel
+    finally:
+        channel.close()
+        server.stop(grace=0)
+
+
+@pytest.fixture
+def scheduler(cluster: ClusterFactory) -> Iterator[tuple[SchedulerServer, grpc.Channel]]:
+    with scheduler_server(cluster) as started:
+        yield started
 
 
 def submit(stub: scheduler_pb2_grpc.SchedulerStub, batch: Batch) -> None:
@@ -152,6 +165,78 @@ def test_plans_flow_commit_on_the_ps_and_match_the_core(
     assert sample("heraldps_scheduler_finished") == 1
     assert sample("heraldps_scheduler_last_commit_timestamp_seconds") > time.time() - 60
     assert "heraldps_scheduler_plan_seconds_bucket" in text
+
+
+@pytest.mark.parametrize("mode", ["herald", "herald_pipelined"])
+def test_pipelined_plans_flow_before_the_previous_commit(
+    cluster: ClusterFactory, mode: str
+) -> None:
+    """herald_pipelined: plan t+1 reaches its worker while t is not committed (herald: only
+    after), with its early pulls marked; ReportDone(wait_for_commit) returns at the commit."""
+    pipelined = mode == "herald_pipelined"
+    with scheduler_server(cluster, mode) as (server, channel):
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        for w in range(WORKERS):
+            stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=w))
+        batches = make_batches(4)
+        for batch in batches[:3]:  # releases the plans of 0 and 1 (the backlog is full)
+            submit(stub, batch)
+        arrived: queue.SimpleQueue[scheduler_pb2.CommPlan] = queue.SimpleQueue()
+
+        def watch() -> None:
+            with contextlib.suppress(grpc.RpcError):  # cancelled when the channel closes
+                for plan in stub.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=0)):
+                    arrived.put(plan)
+
+        threading.Thread(target=watch, daemon=True).start()
+        got = [arrived.get(timeout=10)]
+        if pipelined:
+            got.append(arrived.get(timeout=10))  # plan 1, before iteration 0 is committed
+        with pytest.raises(queue.Empty):
+            arrived.get(timeout=0.5)  # nothing further flows before a commit
+        assert [p.iteration for p in got] == ([0, 1] if pipelined else [0])
+        assert stub.GetStatus(scheduler_pb2.GetStatusRequest()).committed_iteration == -1
+        core = Scheduler(WORKERS, CAPACITY, mode)
+        expected = [p for b in batches[:3] for p in core.submit(b) if p.worker == 0]
+        for message, want in zip(got, expected, strict=False):
+            assert plan_from_proto(message).same_as(want)
+        assert (len(wire.decode_keys(got[-1].pull_early, "pull_early")) > 0) == pipelined
+
+        # Worker 0's report waits for the commit, which the other two reports make.
+        done = threading.Event()
+        threading.Thread(
+            target=lambda: (stub.ReportDone(scheduler_pb2.ReportDoneRequest(
+                worker_id=0, iteration=0, wait_for_commit=True), timeout=30), done.set()),
+            daemon=True,
+        ).start()  # fmt: skip
+        assert not done.wait(0.5)
+        for w in (1, 2):
+            stub.ReportDone(scheduler_pb2.ReportDoneRequest(worker_id=w, iteration=0))
+        assert done.wait(10)
+        assert server.ps is not None and server.ps.committed_iteration() == 0
+        submit(stub, batches[3])  # releases plan 2
+        assert arrived.get(timeout=10).iteration == (2 if pipelined else 1)
+
+        # At its deadline a waiting report fails; the report itself still counts.
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.ReportDone(
+                scheduler_pb2.ReportDoneRequest(worker_id=0, iteration=1, wait_for_commit=True),
+                timeout=0.5,
+            )
+        assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for w in (1, 2):
+            stub.ReportDone(scheduler_pb2.ReportDoneRequest(worker_id=w, iteration=1))
+        assert stub.GetStatus(scheduler_pb2.GetStatusRequest()).committed_iteration == 1
+
+
+def test_pipelined_mode_needs_threads_and_a_backlog() -> None:
+    """Each pipelined worker holds a plan stream and a waiting report; plan t+1 can only be
+    released while t trains with a backlog of 2."""
+    with pytest.raises(ValueError, match="at least 20"):
+        SchedulerConfig(workers=8, cache_rows=10, mode="herald_pipelined", threads=19)
+    SchedulerConfig(workers=8, cache_rows=10, mode="herald", threads=19)
+    with pytest.raises(ValueError, match="--max-backlog 2 or more"):
+        SchedulerConfig(workers=2, cache_rows=10, mode="herald_pipelined", max_backlog=1)
 
 
 def test_bad_requests(scheduler: tuple[SchedulerServer, grpc.Channel]) -> None:

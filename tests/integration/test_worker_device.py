@@ -11,12 +11,12 @@ refuse implicit host conversion. Two things are checked:
    ``worker_client/plan_step.py``, ``het_step.py``, ``step.py`` and
    ``cache.py`` (docs/workers.md, "The GPU path"), per iteration at most:
 
-   - plan step, host -> device 13: dense parameters 1; pull (slots, values,
+   - plan step, host -> device 12: dense parameters 1; pull (slots, values,
      state) 3; gather slots 1; model inputs (field rows, dense features,
      labels) 3; local update (slots, gradient rows) 2; pushed gradient rows
-     1; write-back slots 1; final-flush slots 1.
-     device -> host 7: loss 1; pushed gradients 1; dense gradient 1;
-     write-back (values, state) 2; final flush (values, state) 2.
+     1; write-back slots 1 (the final flush goes in the same request).
+     device -> host 5: loss 1; pushed gradients 1; dense gradient 1;
+     write-back (values, state) 2.
    - HET step, host -> device 14: dense 1; stale rows' pending 1; evicted rows'
      pending 1; pull 3; gather 1; model inputs 3; add pending 1; local update 1;
      rows at the bound 1; final flush 1.
@@ -26,6 +26,7 @@ refuse implicit host conversion. Two things are checked:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -33,7 +34,7 @@ import pytest
 
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
-from heraldps.modes import ALL_MODES, HERALD_MODES, HET_MODE
+from heraldps.modes import ALL_MODES, HERALD_MODES, HET_MODE, PIPELINED_MODE
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import make_scheduler
@@ -42,11 +43,12 @@ from tests import fakecupy
 from tests.conftest import ClusterFactory
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches
+from worker_client.pipeline import PipelinedPlanStep
 from worker_client.reference import ReferenceTrainer
 from worker_client.worker import make_step
 
 TRAIN, _ = bundled_data()
-BOUNDS = {"plan": {"to_device": 13, "to_host": 7}, "het": {"to_device": 14, "to_host": 6}}
+BOUNDS = {"plan": {"to_device": 12, "to_host": 5}, "het": {"to_device": 14, "to_host": 6}}
 
 
 def small_job(staleness: int = 0) -> TrainingJob:
@@ -57,11 +59,20 @@ def small_job(staleness: int = 0) -> TrainingJob:
     return replace(job, cache_rows=cache_rows_for(job.read(), 0.03))
 
 
+def showing(plan: CommPlan | None) -> Callable[[], CommPlan | None]:
+    """What a pipelined step sees as its next plan while it runs one."""
+    return lambda: plan
+
+
 def train_on_fake_device(
     cluster: ClusterFactory, job: TrainingJob, mode: str
 ) -> tuple[list[dict[str, int]], PSClient]:
     """Train every iteration with the real scheduler core and steps; the transfer
-    counts of every (worker, iteration) and the PS client."""
+    counts of every (worker, iteration) and the PS client.
+
+    Iteration t runs once plans t+1 exist. A pipelined step sees its plan t+1 while it runs
+    t and prefetches its early rows there, before the other workers push and write back t
+    and before t's commit."""
     dataset = job.read()
     _, ps = cluster(2)
     job.create_tables(ps)
@@ -69,20 +80,35 @@ def train_on_fake_device(
     scheduler = make_scheduler(job.workers, job.cache_rows, mode)
     batches = global_batches(dataset, job.global_batch, job.iterations)
     counts: list[dict[str, int]] = []
+    early = 0
 
-    def execute(plans: list[CommPlan], final: bool) -> None:
+    def execute(plans: list[CommPlan], upcoming: list[CommPlan], final: bool) -> None:
+        nonlocal early
         for plan in plans:
             plan.final_flush = final
             plan.mini_batch = batches[plan.iteration].take(plan.samples)
+            step = steps[plan.worker]
+            if isinstance(step, PipelinedPlanStep):
+                step.follow(showing(upcoming[plan.worker] if upcoming else None))
             fakecupy.reset()
-            steps[plan.worker].run(plan)
+            traffic, _ = step.run(plan)
+            early += traffic.early_pulls
             counts.append(dict(fakecupy.transfers))
         if plans:
             ps.commit(plans[0].iteration)
 
+    pending: list[CommPlan] = []
     for t, batch in enumerate(batches):
-        execute(scheduler.submit(Batch(t, batch.offsets, batch.keys, job.workers)), final=False)
-    execute(scheduler.finish(), final=True)
+        released = scheduler.submit(Batch(t, batch.offsets, batch.keys, job.workers))
+        if released:
+            execute(pending, released, final=False)
+            pending = released
+    last = scheduler.finish()
+    execute(pending, last, final=False)
+    execute(last, [], final=True)
+    # Rows were prefetched exactly in the pipelined mode, as many as the plans marked.
+    assert early == (scheduler.counts.early_pulls if mode == PIPELINED_MODE else 0)
+    assert (early > 0) == (mode == PIPELINED_MODE)
     return counts, ps
 
 

@@ -14,8 +14,10 @@ from scheduler_service.scheduler import Scheduler
 from tests.conftest import ClusterFactory
 from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches
+from worker_client.pipeline import PipelinedPlanStep
 from worker_client.plan_step import PlanMismatch, PlanStep
 from worker_client.step import MissingSamples
+from worker_client.worker import make_step
 
 TRAIN, _ = bundled_data()
 
@@ -28,7 +30,8 @@ def one_worker(
                       embedding_dim=4, hidden=(8,), cache_rows=2000)  # fmt: skip
     dataset = job.read()
     _, ps = cluster(2)
-    step = PlanStep(job, 0, ps, job.cache_rows)
+    step = make_step(mode, job, 0, ps, job.cache_rows)
+    assert isinstance(step, PlanStep)
     job.create_tables(ps)
     scheduler = Scheduler(1, job.cache_rows, mode)
     batches = global_batches(dataset, job.global_batch, job.iterations)
@@ -89,3 +92,32 @@ def test_lists_out_of_order_or_rows_not_held_are_refused(cluster: ClusterFactory
     assert len(step.cache) == 0
     with pytest.raises(PlanMismatch, match="does not hold"):
         step.run(replace(first, pull=first.pull[1:]))
+
+
+def test_the_pipelined_step_joins_prefetched_and_late_rows(cluster: ClusterFactory) -> None:
+    """Early rows pulled ahead (``prefetch``) and the rest pulled when the plan runs are
+    admitted in the plan's pull order: the cache ends as a herald step's, on its own shards.
+    Each row counts as one pull, the prefetched ones also as early. Early keys that are not a
+    sub-sequence of the pulls are refused unsent."""
+    step, plans, _ = one_worker(cluster, "herald_pipelined")
+    plain, _, _ = one_worker(cluster, "herald")
+    assert isinstance(step, PipelinedPlanStep) and not isinstance(plain, PipelinedPlanStep)
+    assert plans[0].pull_early.size == 0 and plans[1].pull_early.size > 0
+    with pytest.raises(PlanMismatch, match="not a sub-sequence"):
+        step.prefetch(replace(plans[1], pull_early=plans[1].pull_early[::-1]))
+    # Plan 1: half its early keys prefetched, the rest pulled late; plan 2: not prefetched.
+    early = plans[1].pull_early[: plans[1].pull_early.shape[0] // 2]
+    plans[1] = replace(plans[1], pull_early=early)
+    step.prefetch(plans[1])
+    for plan in plans:
+        traffic, loss = step.run(plan)
+        want, want_loss = plain.run(replace(plan, pull_early=np.empty(0, np.int64)))
+        assert loss == want_loss
+        assert traffic.early_pulls == (early.shape[0] if plan.iteration == 1 else 0)
+        assert replace(traffic, early_pulls=0) == want
+    keys = plain.cache.cached_keys()
+    assert np.array_equal(np.sort(step.cache.cached_keys()), np.sort(keys))
+    for got, expected in zip(step.cache.host_rows(keys), plain.cache.host_rows(keys), strict=True):
+        assert np.array_equal(got, expected)
+    assert np.array_equal(step.cache.clocks(step.cache.slots(keys)),
+                          plain.cache.clocks(plain.cache.slots(keys)))  # fmt: skip

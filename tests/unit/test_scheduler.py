@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -75,8 +77,15 @@ def test_plan_invariants(mode: str) -> None:
     by_iteration: dict[int, list[CommPlan]] = {}
     for plan in plans:
         by_iteration.setdefault(plan.iteration, []).append(plan)
+    ps_before: dict[int, int] = {}  # the PS when the previous iteration started
     for batch in batches:
         group = by_iteration[batch.iteration]
+        # An early pull reads the row before the previous iteration changes the PS: it
+        # must be the row that iteration leaves there.
+        for p in group:
+            for k in p.pull_early.tolist():
+                assert ps.get(k, 0) == ps_before.get(k, 0), "an early pull the commit changes"
+        ps_before = dict(ps)
         assigned = np.sort(np.concatenate([p.samples for p in group]))
         assert np.array_equal(assigned, np.arange(batch.samples))  # every sample once
         assert all(p.samples.shape[0] == per_worker for p in group)  # nobody over m
@@ -116,6 +125,75 @@ def test_plan_invariants(mode: str) -> None:
     assert flush == scheduler.counts.final_flush
     if mode in ("naive", "location_aware"):
         assert flush == 0
+    early = sum(p.pull_early.shape[0] for p in plans)
+    assert (early > 0) == (mode == "herald_pipelined")
+
+
+def test_pipelined_plans_are_herald_plans_with_early_pulls_marked() -> None:
+    """Same assignment and rows as herald; in plan t+1, a pull is early exactly when no
+    worker pushes its gradient or writes it back in iteration t; the first plans have none."""
+    workers, capacity = 4, 40
+    batches = random_batches(5, 40, workers, 8, 5, 150)
+    herald, pipelined = (
+        Scheduler(workers, capacity, "herald"),
+        Scheduler(workers, capacity, "herald_pipelined"),
+    )
+    herald_plans, plans = run(herald, batches), run(pipelined, batches)
+    for a, b in zip(herald_plans, plans, strict=True):
+        assert b.pull_early.shape[0] <= b.pull.shape[0]
+        assert a.same_as(replace(b, pull_early=a.pull_early))
+    assert replace(pipelined.counts, early_pulls=0) == herald.counts
+    assert pipelined.counts.early_pulls == sum(p.pull_early.shape[0] for p in plans) > 0
+
+    marked = unmarked = pushed_unmarked = written_unmarked = 0
+    changed: set[int] | None = None  # keys pushed or written back in the previous iteration
+    pushed: set[int] = set()
+    written: set[int] = set()
+    for t in range(len(batches)):
+        group = [p for p in plans if p.iteration == t]
+        for p in group:
+            early = set(p.pull_early.tolist())
+            mask = np.isin(p.pull, p.pull_early)
+            assert np.array_equal(p.pull[mask], p.pull_early)  # a sub-sequence, in order
+            if changed is None:
+                assert not early
+                continue
+            for k in p.pull.tolist():
+                assert (k in early) == (k not in changed), (t, p.worker, k)
+            marked += len(early)
+            unmarked += p.pull.shape[0] - len(early)
+            pushed_unmarked += sum(k in pushed for k in p.pull.tolist())
+            written_unmarked += sum(k in written for k in p.pull.tolist())
+        pushed = {k for p in group for k in p.push_grads.tolist()}
+        written = {k for p in group for k in p.write_back.tolist()}
+        changed = pushed | written
+    # Every case happened: untouched keys marked; pushed and written-back ones not.
+    assert marked > 0 and unmarked > 0 and pushed_unmarked > 0 and written_unmarked > 0
+
+
+def test_a_key_changed_in_t_is_pulled_late_in_t_plus_1() -> None:
+    """Two workers, by hand. Iteration 0: both train key 2 (pushed), w0 key 1 and w1 key 3
+    alone (dirty). Iteration 1: both need 1 and 3, so each writes its own back at 0 and
+    pulls the other's late; new keys 10, 11 are early. Iteration 2: key 2, pushed at 0
+    but untouched at 1, is early (marks look at the previous iteration only)."""
+    s = Scheduler(2, 10, "herald_pipelined")
+    plans = s.submit(Batch.from_arrays(0, [0, 2, 4], [1, 2, 2, 3], 2))
+    plans += s.submit(Batch.from_arrays(1, [0, 3, 6], [1, 3, 10, 1, 3, 11], 2))
+    plans += s.submit(Batch.from_arrays(2, [0, 2, 4], [2, 12, 2, 13], 2))
+    plans += s.finish()
+    lists = [
+        (p.iteration, p.worker, p.pull.tolist(), p.pull_early.tolist(), p.push_grads.tolist(),
+         p.write_back.tolist())
+        for p in plans
+    ]  # fmt: skip
+    assert lists == [
+        (0, 0, [1, 2], [], [2], [1]),  # the first plans: nothing marked
+        (0, 1, [2, 3], [], [2], [3]),
+        (1, 0, [3, 10], [10], [1, 3], []),  # 3 was written back at 0: late
+        (1, 1, [1, 11], [11], [1, 3], []),  # 1 was written back at 0: late
+        (2, 0, [2, 12], [2, 12], [2], []),  # 1 and 3 were pushed at 1, 2 was not
+        (2, 1, [2, 13], [2, 13], [2], []),
+    ]
 
 
 def test_location_aware_prefers_cached_rows() -> None:

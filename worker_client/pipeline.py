@@ -1,0 +1,206 @@
+"""Mode ``herald_pipelined`` on the worker: plans read ahead, early rows pulled ahead.
+
+Herald's worker waits for the commit of iteration t before it pulls anything
+for t+1. In ``herald_pipelined`` the scheduler lets plan t+1 flow once t-1 is
+committed (so it arrives while t trains) and marks its early pulls
+(``CommPlan.pull_early``): keys nobody pushes or writes back in t, whose rows
+t's commit leaves as they are. So:
+
+- :class:`PlanFeed` reads the plan stream on a background thread, decodes
+  each plan as it arrives and keeps it until the worker asks for it;
+  ``upcoming`` shows the next one already here;
+- while it runs plan t, :class:`PipelinedPlanStep` looks for plan t+1 there,
+  after its own late pulls of t are in (so the early pulls of t+1 never
+  compete with them, nor with the other workers', which happen at the same
+  moment, right after t-1's commit) and again after t's compute, and starts
+  t+1's early pulls (``PSClient`` futures) the first time it finds it;
+- the worker reports t with ``wait_for_commit``, so ``ReportDone`` returns once
+  t is committed; only then does it run plan t+1, whose
+  :meth:`PipelinedPlanStep.fetch` pulls the remaining (late) rows and joins
+  them with the early ones, in the plan's pull order. Everything after that is
+  :class:`~worker_client.plan_step.PlanStep`'s: the same checks, the same
+  admission (after t+1's evictions), the same rows counted (a prefetched row
+  is still one pull).
+
+Why reading early is safe: an early row of t+1 is read while t runs, so
+after t-1's commit (and every write-back of t-1 came before the reports that
+committed it), and nothing changes it on the PS until t's commit is over.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from heraldps.client import PSClient
+from heraldps.client.core import Pulled
+from heraldps.plan import CommPlan, plan_from_proto
+from heraldps.traffic import Traffic
+from heraldps.v1 import scheduler_pb2
+from worker_client.job import EMBEDDING_TABLE, TrainingJob
+from worker_client.plan_step import PlanMismatch, PlanStep
+
+
+@dataclass(frozen=True)
+class Received:
+    """A decoded plan and the bytes its samples took on the wire."""
+
+    plan: CommPlan
+    sample_bytes: int
+
+
+def _decode(message: scheduler_pb2.CommPlan) -> Received:
+    return Received(plan_from_proto(message), message.mini_batch.ByteSize())
+
+
+_END = object()  # the stream ended
+
+
+class PlanFeed:
+    """A worker's plans in iteration order.
+
+    Without ``read_ahead`` (every mode but ``herald_pipelined``) a plan is read and
+    decoded when the worker asks for it. With it, a background thread reads and
+    decodes the stream as plans arrive, and ``upcoming`` shows the next plan once
+    it is here. An error of the stream reaches the worker after the plans before it.
+    """
+
+    def __init__(
+        self, messages: Iterable[scheduler_pb2.CommPlan], read_ahead: bool = False
+    ) -> None:
+        self._messages = messages
+        self._read_ahead = read_ahead
+        self._arrived: collections.deque[Received | BaseException | object] = collections.deque()
+        self._changed = threading.Condition()
+
+    def __iter__(self) -> Iterator[Received]:
+        if not self._read_ahead:
+            for message in self._messages:
+                yield _decode(message)
+            return
+        threading.Thread(target=self._read, name="plan-feed", daemon=True).start()
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._arrived))
+                item = self._arrived.popleft()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, Received)
+            yield item
+
+    def upcoming(self) -> CommPlan | None:
+        """The next plan if it has arrived (the worker has not asked for it yet), else None."""
+        with self._changed:
+            item = self._arrived[0] if self._arrived else None
+        return item.plan if isinstance(item, Received) else None
+
+    def _read(self) -> None:
+        end: BaseException | object = _END
+        try:
+            for message in self._messages:
+                received = _decode(message)
+                with self._changed:
+                    self._arrived.append(received)
+                    self._changed.notify_all()
+        except BaseException as exc:  # the stream's RpcError, a malformed plan
+            end = exc
+        with self._changed:
+            self._arrived.append(end)
+            self._changed.notify_all()
+
+
+class PipelinedPlanStep(PlanStep):
+    """A plan step that starts the next plan's early pulls while it runs this one."""
+
+    def __init__(
+        self, job: TrainingJob, worker: int, ps: PSClient, cache_rows: int, xp: Any = np
+    ) -> None:
+        super().__init__(job, worker, ps, cache_rows, xp)
+        self.upcoming: Callable[[], CommPlan | None] = lambda: None
+        self._early: dict[int, tuple[npt.NDArray[np.int64], Future[Pulled]]] = {}
+        self._running = -1
+        self._early_pulled = 0
+
+    def follow(self, upcoming: Callable[[], CommPlan | None]) -> None:
+        """Where to look for the next plan while one runs (``PlanFeed.upcoming``)."""
+        self.upcoming = upcoming
+
+    def prefetch(self, plan: CommPlan) -> None:
+        """Start pulling ``plan``'s early rows now, once.
+
+        Only while the plan before it runs (after the commit two iterations before
+        ``plan``), as ``run`` does. Early keys must be a sub-sequence of the pulls, else
+        ``PlanMismatch`` before anything is sent.
+        """
+        early = plan.pull_early
+        if not early.shape[0] or plan.iteration in self._early:
+            return
+        self._check_early(plan)
+        future = self.ps.pull_with_state_async(EMBEDDING_TABLE, early)
+        self._early[plan.iteration] = (early, future)
+
+    def _check_early(self, plan: CommPlan) -> npt.NDArray[np.bool_]:
+        """Which pulls are early; ``PlanMismatch`` unless they are ``pull_early`` in order."""
+        mask = np.isin(plan.pull, plan.pull_early)
+        if not np.array_equal(plan.pull[mask], plan.pull_early):
+            raise PlanMismatch(
+                f"plan {plan.iteration}'s early pulls are not a sub-sequence of its pulls "
+                f"(worker {self.worker})"
+            )
+        return mask
+
+    def _prefetch_upcoming(self) -> None:
+        """Start the next plan's early pulls if it has arrived."""
+        upcoming = self.upcoming()
+        if upcoming is not None and upcoming.iteration == self._running + 1:
+            self.prefetch(upcoming)
+
+    def run(self, plan: CommPlan) -> tuple[Traffic, float]:
+        self._running, self._early_pulled = plan.iteration, 0
+        traffic, loss = super().run(plan)
+        traffic.early_pulls = self._early_pulled
+        return traffic, loss
+
+    def computed(self) -> None:
+        """After the backward pass: the next plan's early pulls start now at the latest."""
+        self._prefetch_upcoming()
+
+    def fetch(self, plan: CommPlan) -> Pulled:
+        """The prefetched early rows joined with the late ones, pulled now (the previous
+        iteration is committed when a plan runs), in ``plan.pull`` order; then the next
+        plan's early pulls start, if it is here."""
+        pulled = self._join(plan)
+        self._prefetch_upcoming()
+        return pulled
+
+    def _join(self, plan: CommPlan) -> Pulled:
+        started = self._early.pop(plan.iteration, None)
+        if started is None or not np.array_equal(started[0], plan.pull_early):
+            return super().fetch(plan)
+        mask = self._check_early(plan)
+        late_keys = plan.pull[~mask]
+        late = (
+            self.ps.pull_with_state_async(EMBEDDING_TABLE, late_keys)
+            if late_keys.shape[0]
+            else None
+        )
+        early_values, early_versions, early_state = started[1].result()
+        n = plan.pull.shape[0]
+        values = np.empty((n, early_values.shape[1]), dtype=np.float32)
+        versions = np.empty(n, dtype=np.int64)
+        state = np.empty((n, early_state.shape[1]), dtype=np.float32)
+        values[mask], versions[mask], state[mask] = early_values, early_versions, early_state
+        if late is not None:
+            late_values, late_versions, late_state = late.result()
+            values[~mask], versions[~mask], state[~mask] = late_values, late_versions, late_state
+        self._early_pulled = int(np.count_nonzero(mask))
+        return values, versions, state
