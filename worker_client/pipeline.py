@@ -44,6 +44,7 @@ from heraldps.client.core import Pulled
 from heraldps.plan import CommPlan, plan_from_proto
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2
+from worker_client.dense_sync import DenseSync
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.plan_step import PlanMismatch, PlanStep
 
@@ -122,9 +123,15 @@ class PipelinedPlanStep(PlanStep):
     """A plan step that starts the next plan's early pulls while it runs this one."""
 
     def __init__(
-        self, job: TrainingJob, worker: int, ps: PSClient, cache_rows: int, xp: Any = np
+        self,
+        job: TrainingJob,
+        worker: int,
+        ps: PSClient,
+        cache_rows: int,
+        xp: Any = np,
+        dense: DenseSync | None = None,
     ) -> None:
-        super().__init__(job, worker, ps, cache_rows, xp)
+        super().__init__(job, worker, ps, cache_rows, xp, dense)
         self.upcoming: Callable[[], CommPlan | None] = lambda: None
         self._early: dict[int, tuple[npt.NDArray[np.int64], Future[Pulled]]] = {}
         self._running = -1
