@@ -108,12 +108,14 @@ class TrainingJob:
 
     def row_bytes(self, mode: str) -> dict[str, int]:
         """Payload bytes of one embedding row per direction in ``mode``: keys and versions 8,
-        floats 4. The final flush is a write-back under a plan, a gradient push under HET."""
+        floats 4. The final flush is a write-back under a plan, a gradient push under HET.
+        HET with staleness > 0 pushes each row's local step count too (int32, 4)."""
         dim = self.embedding_dim
         state = self.make_optimizer().state_width(dim)
+        steps = 4 if mode == HET_MODE and self.staleness > 0 else 0
         sizes = {
             "pull": 8 + 8 + 4 * (dim + state),
-            "grad_push": 8 + 4 * dim,
+            "grad_push": 8 + 4 * dim + steps,
             "write_back": 8 + 8 + 8 + 4 * (dim + state),
         }
         sizes["final_flush"] = sizes["grad_push" if mode == HET_MODE else "write_back"]

@@ -295,6 +295,7 @@ class PushGradientsRequest(_message.Message):
     ITERATION_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
     GRADS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     iteration: _builtins.int
     """Iteration the gradients belong to; must be newer than the last
@@ -304,6 +305,18 @@ class PushGradientsRequest(_message.Message):
     """Little-endian int64 keys, n entries. Duplicates are summed."""
     grads: _builtins.bytes
     """float32 [n, dim]; must be finite."""
+    steps: _builtins.bytes
+    """Optional little-endian int32 [n], each in 1..1024: how many optimizer
+    steps each gradient row stands for (the sum of that many steps'
+    gradients, e.g. a worker's updates accumulated under bounded
+    staleness). The table applies row i as steps[i] steps of
+    grads[i] / steps[i], so adaptive optimizer state (AdaGrad's accumulator,
+    Adam's moments and step count) advances by that many steps; for SGD this
+    equals one step of grads[i]. Empty: 1 for every row. Duplicate keys in
+    one iteration sum their gradients and take the largest step count
+    (steps of pushes to one iteration ran side by side, not one after
+    another).
+    """
     def __init__(
         self,
         *,
@@ -311,10 +324,11 @@ class PushGradientsRequest(_message.Message):
         iteration: _builtins.int = ...,
         keys: _builtins.bytes = ...,
         grads: _builtins.bytes = ...,
+        steps: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grads", b"grads", "iteration", b"iteration", "keys", b"keys", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grads", b"grads", "iteration", b"iteration", "keys", b"keys", "steps", b"steps", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
