@@ -29,7 +29,7 @@ from ps_server.checks import check_push_iteration, check_versions_unchanged, che
 from ps_server.kernels import copy_clocks, copy_rows
 from ps_server.lmdb_rows import LmdbRows
 from ps_server.row_cache import RowCache
-from ps_server.table import GradBuffer, RowBlock, sum_duplicates
+from ps_server.table import GradBuffer, RowBlock, paced_steps, sum_duplicates
 
 
 @dataclass
@@ -243,7 +243,8 @@ class CachedTable:
         rows = self._read(union, txn=txn, admit=False)
         start = 0
         for it, (keys, grads, steps) in zip(its, contents, strict=True):
-            self._apply(rows, inverse[start : start + keys.shape[0]], grads, it, steps)
+            at = inverse[start : start + keys.shape[0]]
+            self._apply(rows, at, grads, it, paced_steps(steps, it, rows.changed[at]))
             start += keys.shape[0]
         self._write(txn, rows)
         return rows, its, start

@@ -113,6 +113,16 @@ def sum_duplicates(
     return unique, summed, most
 
 
+def paced_steps(
+    steps: npt.NDArray[np.int32], iteration: int, changed: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int32]:
+    """The steps a committed row takes: at most one per iteration since it last changed
+    (at least 1), the pace of synchronous training. Steps beyond that were taken by the
+    same iterations of other workers, whose pushes reached an earlier commit."""
+    room = np.maximum(iteration - changed, 1)
+    return np.minimum(steps, room).astype(np.int32)
+
+
 class StagedTable:
     """Host-memory rows of one table on one shard, with per-iteration gradient buffers."""
 
@@ -269,7 +279,7 @@ class StagedTable:
             for it in sorted(i for i in self._buffers if i <= iteration):
                 keys, grads, steps = self._buffers.pop(it).contents()
                 rows = self._ensure_rows(keys, self._index.lookup(keys))
-                self._apply(rows, grads, it, steps)
+                self._apply(rows, grads, it, paced_steps(steps, it, self._changed[rows]))
                 updated += rows.shape[0]
             self.committed_iteration = max(self.committed_iteration, iteration)
             if not self._buffers:

@@ -8,11 +8,12 @@ current iteration and the row is released (HET's evict-then-fetch), so the PS
 sees every update. With staleness 0 every gradient is pushed in the iteration
 that made it and no stale row is ever read: exact synchronous training.
 
-A pushed sum carries the number of local steps it spans, and the PS applies it
-as that many optimizer steps of the mean gradient (``PushGradientsRequest.steps``):
+A pushed sum carries the number of local steps it spans (AdaGrad, Adam), and
+the PS applies it as that many optimizer steps of the mean gradient, at most one
+per iteration since the row last changed (``PushGradientsRequest.steps``):
 otherwise an adaptive optimizer takes one step where synchronous training took
-k, and Adam's and AdaGrad's rows fall behind (docs/workers.md, "Staleness and
-adaptive optimizers").
+k, and its rows fall behind (docs/workers.md, "Staleness and adaptive
+optimizers").
 """
 
 from __future__ import annotations
@@ -82,6 +83,6 @@ class HETStep(Step):
         so adaptive optimizer state advances as in synchronous training."""
         pending = self.cache.take_pending(slots)
         if pending.keys.shape[0]:
-            steps = pending.steps if self.job.staleness > 0 else None  # as row_bytes counts
+            steps = pending.steps if self.job.pushes_steps else None  # as row_bytes counts
             self.ps.push_gradients(EMBEDDING_TABLE, pending.keys, pending.grads, iteration, steps)
             traffic.grad_pushes += pending.keys.shape[0]

@@ -309,13 +309,15 @@ class PushGradientsRequest(_message.Message):
     """Optional little-endian int32 [n], each in 1..1024: how many optimizer
     steps each gradient row stands for (the sum of that many steps'
     gradients, e.g. a worker's updates accumulated under bounded
-    staleness). The table applies row i as steps[i] steps of
-    grads[i] / steps[i], so adaptive optimizer state (AdaGrad's accumulator,
-    Adam's moments and step count) advances by that many steps; for SGD this
-    equals one step of grads[i]. Empty: 1 for every row. Duplicate keys in
-    one iteration sum their gradients and take the largest step count
-    (steps of pushes to one iteration ran side by side, not one after
-    another).
+    staleness). Empty: 1 for every row. Pushes of one key to one iteration
+    sum their gradients and take the largest step count (they ran side by
+    side). At commit a synchronous table gives each row at most one step per
+    iteration since the row last changed, as synchronous training does:
+    row i takes k = min(steps[i], iteration - last change), at least 1,
+    optimizer steps of grads[i] / k, so adaptive optimizer state (AdaGrad's
+    accumulator, Adam's moments and step count) advances by k; for SGD this
+    equals one step of grads[i]. An UPDATE_MODE_IMMEDIATE table applies
+    steps[i] steps at once. The row's version still advances by 1.
     """
     def __init__(
         self,
