@@ -2,7 +2,7 @@
 
 Run from the repository root (needs ``../shared/data`` for the Avazu sample)::
 
-    python benchmarks/bench_staleness.py            # about 10 minutes on 2 cores
+    python benchmarks/bench_staleness.py            # about 5 minutes on 2 cores (3 epochs)
     python benchmarks/bench_staleness.py --epochs 1 --optimizers adam
 
 Every cell trains HET mode on its own fresh local cluster (2 PS shards, the
@@ -31,26 +31,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from bench_local import datasets  # run as a script, this folder is on the path
 
-from heraldps.bundled import bundled_data
 from heraldps.datasets import SparseDataset
 from heraldps.modes import HET_MODE
 from launcher.local import ModeResult, run_mode
 from scheduler_service.simulate import cache_rows_for
 from worker_client.job import OPTIMIZERS, TrainingJob
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 OUTPUT = Path(__file__).resolve().parent / "results" / "bench_staleness.json"
-
-
-def datasets() -> list[tuple[str, str, Path, Path]]:
-    """(name, format, train file, held-out file) of the bundled sample and, if present, Avazu."""
-    train, test = bundled_data()
-    out = [("criteo (bundled)", "criteo", train, test)]
-    avazu = SHARED / "avazu_head9k"
-    if (avazu / "train.csv").exists():
-        out.append(("avazu head9k", "avazu", avazu / "train.csv", avazu / "test.csv"))
-    return out
 
 
 def train_het(job: TrainingJob, train: SparseDataset, test: SparseDataset) -> ModeResult:
