@@ -11,15 +11,23 @@ CuPy in GPU worker caches).
 State layouts: SGD none; AdaGrad ``[acc(dim)]``; Adam ``[m(dim), v(dim), t]``
 where ``t`` is the row's own step count (sparse Adam: a row's bias
 correction advances only when the row is updated).
+
+``apply_steps(values, state, grads, steps)`` applies gradients that each
+stand for ``steps[i]`` optimizer steps (the sum of that many steps'
+gradients, as a HET worker accumulates them under staleness) as that many
+steps of their mean, so a row's state advances by as many steps as the
+updates it received (see docs/workers.md, "Staleness and adaptive optimizers").
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument
 from heraldps.v1 import types_pb2
@@ -38,6 +46,31 @@ def _array_module(a: Array) -> Any:
         return cupy
     namespace = getattr(a, "__array_namespace__", None)
     return np if namespace is None else namespace()
+
+
+MAX_STEPS = 1024  # steps one gradient row may stand for (bounds the PS's work per row)
+
+
+def _apply_as_steps(
+    apply: Callable[[Array, Array, Array], None],
+    values: Array,
+    state: Array,
+    grads: Array,
+    steps: npt.NDArray[np.int32] | None,
+) -> None:
+    """``apply`` row i ``steps[i]`` times with ``grads[i] / steps[i]``; rows of one step
+    take exactly ``apply(values, state, grads)``. One pass per step count, not per row."""
+    if steps is None or not np.any(steps > 1):
+        apply(values, state, grads)
+        return
+    xp = _array_module(values)
+    counts = xp.asarray(steps.astype(np.float32))[:, None]
+    mean = grads / counts
+    for done in range(int(steps.max())):
+        rows = xp.asarray(np.flatnonzero(steps > done))
+        v, st = values[rows], state[rows]
+        apply(v, st, mean[rows])
+        values[rows], state[rows] = v, st
 
 
 def _check_positive(name: str, **params: float) -> None:
@@ -63,6 +96,12 @@ class SGD:
 
     def apply(self, values: Array, state: Array, grads: Array) -> None:
         values -= np.float32(self.lr) * grads
+
+    def apply_steps(
+        self, values: Array, state: Array, grads: Array, steps: npt.NDArray[np.int32] | None
+    ) -> None:
+        """k SGD steps of ``g / k`` are one step of ``g``: the step counts change nothing."""
+        self.apply(values, state, grads)
 
     def to_proto(self) -> types_pb2.Optimizer:
         return types_pb2.Optimizer(sgd=types_pb2.SgdOptimizer(lr=self.lr))
@@ -95,6 +134,12 @@ class AdaGrad:
         xp = _array_module(values)
         state += grads * grads
         values -= np.float32(self.lr) * grads / (xp.sqrt(state) + np.float32(self.eps))
+
+    def apply_steps(
+        self, values: Array, state: Array, grads: Array, steps: npt.NDArray[np.int32] | None
+    ) -> None:
+        """Row i as ``steps[i]`` AdaGrad steps of its mean gradient."""
+        _apply_as_steps(self.apply, values, state, grads, steps)
 
     def to_proto(self) -> types_pb2.Optimizer:
         return types_pb2.Optimizer(
@@ -143,6 +188,13 @@ class Adam:
         m_hat = m / (one - xp.power(beta1, step))
         v_hat = v / (one - xp.power(beta2, step))
         values -= np.float32(self.lr) * m_hat / (xp.sqrt(v_hat) + np.float32(self.eps))
+
+    def apply_steps(
+        self, values: Array, state: Array, grads: Array, steps: npt.NDArray[np.int32] | None
+    ) -> None:
+        """Row i as ``steps[i]`` Adam steps of its mean gradient: its step count (bias
+        correction) and moments advance as they would have over those steps."""
+        _apply_as_steps(self.apply, values, state, grads, steps)
 
     def to_proto(self) -> types_pb2.Optimizer:
         return types_pb2.Optimizer(

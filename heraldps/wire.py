@@ -67,6 +67,25 @@ def decode_rows(
     return matrix
 
 
+COUNT_DTYPE = np.dtype("<i4")
+
+
+def encode_counts(counts: npt.ArrayLike) -> bytes:
+    """Pack small per-row counts (e.g. optimizer steps) as little-endian int32."""
+    return np.ascontiguousarray(counts, dtype=COUNT_DTYPE).tobytes()
+
+
+def decode_counts(data: bytes | memoryview, rows: int, field: str) -> npt.NDArray[np.int32]:
+    """Unpack ``rows`` little-endian int32 counts; the byte count must be 4 per row."""
+    data = memoryview(data).cast("B")
+    if len(data) != 4 * rows:
+        raise InvalidArgument(
+            f"{field}: expected {rows} little-endian int32 ({4 * rows} bytes), got "
+            f"{len(data)} bytes; send one entry per key"
+        )
+    return np.frombuffer(data, dtype=COUNT_DTYPE).astype(np.int32, copy=False)
+
+
 # ----- protobuf wire format for the bulk messages --------------------------
 # Pull responses carry tens of MiB. Building them as protobuf objects costs
 # three extra copies (tobytes, message construction, serialization) and

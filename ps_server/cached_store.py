@@ -193,11 +193,16 @@ class CachedStore(ShardTables[CachedTable]):
 
     # ----- training -------------------------------------------------------
     def push(
-        self, name: str, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
+        self,
+        name: str,
+        iteration: int,
+        keys: npt.NDArray[np.int64],
+        grads: npt.NDArray[np.float32],
+        steps: npt.NDArray[np.int32] | None = None,
     ) -> bool:
         table = self.table(name)
         with self._write_lock:
-            return table.push(iteration, keys, grads, self._write_txn)
+            return table.push(iteration, keys, grads, self._write_txn, steps)
 
     def commit(self, iteration: int) -> tuple[int, bool]:
         """Apply buffered gradients through ``iteration`` durably; (rows updated, already)."""

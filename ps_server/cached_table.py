@@ -26,10 +26,10 @@ import numpy.typing as npt
 from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server.checks import check_push_iteration, check_versions_unchanged, check_write_back
-from ps_server.kernels import copy_clocks, copy_rows, scatter_add_rows
+from ps_server.kernels import copy_clocks, copy_rows
 from ps_server.lmdb_rows import LmdbRows
 from ps_server.row_cache import RowCache
-from ps_server.table import GradBuffer, RowBlock
+from ps_server.table import GradBuffer, RowBlock, paced_steps, sum_duplicates
 
 
 @dataclass
@@ -195,30 +195,36 @@ class CachedTable:
         keys: npt.NDArray[np.int64],
         grads: npt.NDArray[np.float32],
         txn_factory: Any,
+        steps: npt.NDArray[np.int32] | None = None,
     ) -> bool:
-        """Buffer gradients for ``iteration``; an immediate table writes through at once."""
+        """Buffer gradients for ``iteration``; an immediate table writes through at once.
+        ``steps``: optimizer steps each gradient row stands for (None: 1 each)."""
         with self.lock:
             if self.spec.update_mode is UpdateMode.IMMEDIATE:
-                unique, inverse = distinct(keys)
-                summed = np.zeros((unique.shape[0], self.dim), dtype=np.float32)
-                scatter_add_rows(summed, inverse, grads)
+                unique, summed, unique_steps = sum_duplicates(keys, grads, steps)
                 rows = self._read(unique, admit=False)
-                self._apply(rows, np.arange(unique.shape[0]), summed, self.committed_iteration + 1)
+                at = np.arange(unique.shape[0])
+                self._apply(rows, at, summed, self.committed_iteration + 1, unique_steps)
                 with txn_factory() as txn:
                     self._write(txn, rows)
                 self._refresh_cache(rows)
                 return True
             check_push_iteration(self.name, iteration, self.committed_iteration)
             buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
-            buffer.add(keys, grads)
+            buffer.add(keys, grads, steps)
             self._buffers[iteration] = buffer
             return False
 
     def _apply(
-        self, rows: _Rows, at: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], it: int
+        self,
+        rows: _Rows,
+        at: npt.NDArray[np.int64],
+        grads: npt.NDArray[np.float32],
+        it: int,
+        steps: npt.NDArray[np.int32] | None,
     ) -> None:
         values, state = rows.values[at], rows.state[at]
-        self.spec.optimizer.apply(values, state, grads)
+        self.spec.optimizer.apply_steps(values, state, grads, steps)
         rows.values[at], rows.state[at] = values, state
         rows.versions[at] += 1
         rows.changed[at] = it
@@ -233,11 +239,12 @@ class CachedTable:
         if not its:
             return None, its, 0
         contents = [self._buffers[it].contents() for it in its]
-        union, inverse = distinct(np.concatenate([k for k, _ in contents]))
+        union, inverse = distinct(np.concatenate([k for k, _, _ in contents]))
         rows = self._read(union, txn=txn, admit=False)
         start = 0
-        for it, (keys, grads) in zip(its, contents, strict=True):
-            self._apply(rows, inverse[start : start + keys.shape[0]], grads, it)
+        for it, (keys, grads, steps) in zip(its, contents, strict=True):
+            at = inverse[start : start + keys.shape[0]]
+            self._apply(rows, at, grads, it, paced_steps(steps, it, rows.changed[at]))
             start += keys.shape[0]
         self._write(txn, rows)
         return rows, its, start

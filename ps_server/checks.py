@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument, StaleIteration, TableExists, VersionConflict
 from heraldps.keyindex import distinct
+from heraldps.optim import MAX_STEPS
 from heraldps.spec import TableSpec
 
 
@@ -38,6 +39,17 @@ def check_push_iteration(table: str, iteration: int, committed: int) -> None:
         raise StaleIteration(
             f"push to iteration {iteration} of table {table!r}, but iteration "
             f"{committed} is already committed; push to a newer iteration"
+        )
+
+
+def check_steps(steps: npt.NDArray[np.int32]) -> None:
+    """A push's optimizer step counts: each in 1..MAX_STEPS."""
+    bad = (steps < 1) | (steps > MAX_STEPS)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidArgument(
+            f"push: steps[{i}] is {steps[i]}; each gradient row stands for 1 to {MAX_STEPS} "
+            "optimizer steps (leave steps empty for 1 each)"
         )
 
 

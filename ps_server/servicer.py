@@ -28,6 +28,7 @@ from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
 from ps_server import snapshot
 from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachedTable
+from ps_server.checks import check_steps
 from ps_server.metrics import PSMetrics
 from ps_server.store import StagedStore
 from ps_server.table import StagedTable
@@ -161,7 +162,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         table = self.store.table(request.table)
         keys = wire.decode_keys(request.keys)
         grads = wire.decode_rows(request.grads, keys.shape[0], table.dim, "grads")
-        applied = self.store.push(table.name, request.iteration, keys, grads)
+        steps = None
+        if request.steps:
+            steps = wire.decode_counts(request.steps, keys.shape[0], "steps")
+            check_steps(steps)
+        applied = self.store.push(table.name, request.iteration, keys, grads, steps)
         self.metrics.pushed.labels(self.metrics.shard, table.name).inc(keys.shape[0])
         self._observe_size(table)
         return ps_pb2.PushGradientsResponse(rows=keys.shape[0], applied=applied)

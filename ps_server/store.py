@@ -59,9 +59,14 @@ class StagedStore(ShardTables[StagedTable]):
 
     # ----- training -------------------------------------------------------
     def push(
-        self, name: str, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
+        self,
+        name: str,
+        iteration: int,
+        keys: npt.NDArray[np.int64],
+        grads: npt.NDArray[np.float32],
+        steps: npt.NDArray[np.int32] | None = None,
     ) -> bool:
-        return self.table(name).push(iteration, keys, grads)
+        return self.table(name).push(iteration, keys, grads, steps)
 
     def prefetch(self, name: str, keys: npt.NDArray[np.int64]) -> int:
         """Every row already lives in memory: count the distinct keys the table holds."""

@@ -46,37 +46,81 @@ class RowBlock:
 
 
 class GradBuffer:
-    """Summed gradients of one iteration, one row per distinct key."""
+    """Summed gradients of one iteration, one row per distinct key, with the number of
+    optimizer steps each row stands for (the largest of its pushes; 1 unless a push said)."""
 
     def __init__(self, dim: int) -> None:
         self.index = KeyIndex()
         self.keys = np.empty(0, dtype=np.int64)
         self.grads = np.empty((0, dim), dtype=np.float32)
+        self.steps = np.empty(0, dtype=np.int32)
 
     def __len__(self) -> int:
         return len(self.index)
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes + len(self) * (8 + 4 * self.grads.shape[1])
+        return self.index.nbytes + len(self) * self._row_bytes
+
+    @property
+    def _row_bytes(self) -> int:
+        return 8 + 4 * self.grads.shape[1] + 4
 
     def bytes_after(self, new_keys: int) -> int:
         rows = len(self) + new_keys
-        return KeyIndex.bytes_for(rows) + rows * (8 + 4 * self.grads.shape[1])
+        return KeyIndex.bytes_for(rows) + rows * self._row_bytes
 
-    def add(self, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]) -> None:
+    def add(
+        self,
+        keys: npt.NDArray[np.int64],
+        grads: npt.NDArray[np.float32],
+        steps: npt.NDArray[np.int32] | None = None,
+    ) -> None:
         slots = self.index.insert(keys)
         size = len(self.index)
         if size > self.keys.shape[0]:
             capacity = max(size, 2 * self.keys.shape[0], 256)
+            old = self.keys.shape[0]
             self.keys = hostmem.grown(self.keys, capacity)
             self.grads = hostmem.grown(self.grads, capacity)
+            self.steps = hostmem.grown(self.steps, capacity)
+            self.steps[old:] = 1
         self.keys[slots] = keys
         scatter_add_rows(self.grads, slots, grads)
+        if steps is not None:
+            np.maximum.at(self.steps, slots, steps)
 
-    def contents(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    def contents(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int32]]:
         n = len(self)
-        return self.keys[:n], self.grads[:n]
+        return self.keys[:n], self.grads[:n], self.steps[:n]
+
+
+def sum_duplicates(
+    keys: npt.NDArray[np.int64],
+    grads: npt.NDArray[np.float32],
+    steps: npt.NDArray[np.int32] | None,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int32] | None]:
+    """Distinct keys with their summed gradients and largest step counts (an immediate push)."""
+    unique, inverse = distinct(keys)
+    summed = np.zeros((unique.shape[0], grads.shape[1]), dtype=np.float32)
+    scatter_add_rows(summed, inverse, grads)
+    if steps is None:
+        return unique, summed, None
+    most = np.ones(unique.shape[0], dtype=np.int32)
+    np.maximum.at(most, inverse, steps)
+    return unique, summed, most
+
+
+def paced_steps(
+    steps: npt.NDArray[np.int32], iteration: int, changed: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int32]:
+    """The steps a committed row takes: at most one per iteration since it last changed
+    (at least 1), the pace of synchronous training. Steps beyond that were taken by the
+    same iterations of other workers, whose pushes reached an earlier commit."""
+    room = np.maximum(iteration - changed, 1)
+    return np.minimum(steps, room).astype(np.int32)
 
 
 class StagedTable:
@@ -198,17 +242,20 @@ class StagedTable:
             return out
 
     def push(
-        self, iteration: int, keys: npt.NDArray[np.int64], grads: npt.NDArray[np.float32]
+        self,
+        iteration: int,
+        keys: npt.NDArray[np.int64],
+        grads: npt.NDArray[np.float32],
+        steps: npt.NDArray[np.int32] | None = None,
     ) -> bool:
-        """Buffer gradients for ``iteration`` (or apply at once); True if applied."""
+        """Buffer gradients for ``iteration`` (or apply at once); True if applied.
+        ``steps``: optimizer steps each gradient row stands for (None: 1 each)."""
         what = f"push of {keys.shape[0]} gradients to {self.name!r}"
         with self.lock:
             if self.spec.update_mode is UpdateMode.IMMEDIATE:
-                unique, inverse = distinct(keys)
-                summed = np.zeros((unique.shape[0], self.dim), dtype=np.float32)
-                scatter_add_rows(summed, inverse, grads)
+                unique, summed, unique_steps = sum_duplicates(keys, grads, steps)
                 rows = self._lookup_or_create(unique, what)
-                self._apply(rows, summed, self.committed_iteration + 1)
+                self._apply(rows, summed, self.committed_iteration + 1, unique_steps)
                 return True
             check_push_iteration(self.name, iteration, self.committed_iteration)
             buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
@@ -220,7 +267,7 @@ class StagedTable:
             # Conservative: a key new to the table in two pending iterations is
             # reserved twice until the buffers are committed.
             self._pending_row_reserve += new_rows
-            buffer.add(keys, grads)
+            buffer.add(keys, grads, steps)
             self._buffers[iteration] = buffer
             self._account(self._exact_bytes(), what)
             return False
@@ -230,9 +277,9 @@ class StagedTable:
         with self.lock:
             updated = 0
             for it in sorted(i for i in self._buffers if i <= iteration):
-                keys, grads = self._buffers.pop(it).contents()
+                keys, grads, steps = self._buffers.pop(it).contents()
                 rows = self._ensure_rows(keys, self._index.lookup(keys))
-                self._apply(rows, grads, it)
+                self._apply(rows, grads, it, paced_steps(steps, it, self._changed[rows]))
                 updated += rows.shape[0]
             self.committed_iteration = max(self.committed_iteration, iteration)
             if not self._buffers:
@@ -241,10 +288,16 @@ class StagedTable:
             self._account(self._exact_bytes(), "commit")
             return updated
 
-    def _apply(self, rows: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], it: int) -> None:
+    def _apply(
+        self,
+        rows: npt.NDArray[np.int64],
+        grads: npt.NDArray[np.float32],
+        it: int,
+        steps: npt.NDArray[np.int32] | None,
+    ) -> None:
         values = gather_rows(self._values, rows)
         state = gather_rows(self._state, rows)
-        self.spec.optimizer.apply(values, state, grads)
+        self.spec.optimizer.apply_steps(values, state, grads, steps)
         self._values[rows] = values
         self._state[rows] = state
         self._versions[rows] += 1

@@ -13,7 +13,8 @@ The cache owns its state machine; callers use its operations only:
 - ``gather``: the rows a mini-batch trains (and a use for LRU/LFU);
 - ``mark_trained``: the optimizer applied locally; the row is dirty and one
   clock ahead;
-- ``add_pending`` / ``take_pending``: HET's gradients not yet pushed;
+- ``add_pending`` / ``take_pending``: HET's gradients not yet pushed, with
+  the number of local steps they sum;
 - ``rows_for_write_back`` / ``mark_written``: dirty rows returned to the PS;
 - ``evict``, ``victims``: making room.
 
@@ -90,6 +91,15 @@ class WriteBackRows:
     slots: Slots
 
 
+@dataclass(frozen=True)
+class PendingGradients:
+    """HET's unpushed gradients (host arrays): each row the sum of ``steps`` local steps."""
+
+    keys: Keys
+    grads: npt.NDArray[np.float32]
+    steps: npt.NDArray[np.int32]
+
+
 class EmbeddingCache:
     """Up to ``capacity`` rows of one table, addressed by int64 key."""
 
@@ -113,6 +123,7 @@ class EmbeddingCache:
         self._values = xp.zeros((capacity, dim), dtype=np.float32)
         self._state = xp.zeros((capacity, state_width), dtype=np.float32)
         self._pending = xp.zeros((capacity, dim), dtype=np.float32)  # gradients not yet pushed
+        self._pending_steps = np.zeros(capacity, dtype=np.int32)  # local steps they sum
         self._keys = np.zeros(capacity, dtype=np.int64)
         self._start = np.zeros(capacity, dtype=np.int64)
         self._clock = np.zeros(capacity, dtype=np.int64)
@@ -202,6 +213,7 @@ class EmbeddingCache:
         if self.state_width:
             self._state[device_slots] = xp.asarray(state)
         self._pending[device_slots] = 0
+        self._pending_steps[slots] = 0
         self._start[slots] = versions
         self._clock[slots] = versions
         self._dirty[slots] = False
@@ -227,20 +239,25 @@ class EmbeddingCache:
         self._dirty[slots] = True
 
     def add_pending(self, slots: Slots, grads: Any) -> None:
-        """HET: remember gradients (device) the PS has not received yet."""
+        """HET: remember gradients (device) of one local step the PS has not received yet."""
         self._pending[self.xp.asarray(slots)] += grads
+        self._pending_steps[slots] += 1
 
-    def take_pending(self, slots: Slots) -> tuple[Keys, npt.NDArray[np.float32]]:
-        """HET: keys and host gradients of those ``slots`` that have unpushed gradients
-        (the dirty ones); afterwards they are clean and have none."""
+    def take_pending(self, slots: Slots) -> PendingGradients:
+        """HET: keys, host gradients and step counts of those ``slots`` that have unpushed
+        gradients (the dirty ones); afterwards they are clean and have none."""
         slots = slots[self._dirty[slots]]
         if not slots.shape[0]:
-            return np.empty(0, np.int64), np.empty((0, self.dim), np.float32)
+            return PendingGradients(
+                np.empty(0, np.int64), np.empty((0, self.dim), np.float32), np.empty(0, np.int32)
+            )
         device_slots = self.xp.asarray(slots)
         grads = to_host(self._pending[device_slots])
+        steps = self._pending_steps[slots].copy()
         self._pending[device_slots] = 0
+        self._pending_steps[slots] = 0
         self._dirty[slots] = False
-        return self._keys[slots], grads
+        return PendingGradients(self._keys[slots], grads, steps)
 
     def rows_for_write_back(self, keys: Keys) -> WriteBackRows:
         """Host copies of cached rows ``keys`` with their base (fetch) and new (local)

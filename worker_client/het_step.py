@@ -7,6 +7,13 @@ are applied locally and accumulated; once a row carries more than
 current iteration and the row is released (HET's evict-then-fetch), so the PS
 sees every update. With staleness 0 every gradient is pushed in the iteration
 that made it and no stale row is ever read: exact synchronous training.
+
+A pushed sum carries the number of local steps it spans (AdaGrad, Adam), and
+the PS applies it as that many optimizer steps of the mean gradient, at most one
+per iteration since the row last changed (``PushGradientsRequest.steps``):
+otherwise an adaptive optimizer takes one step where synchronous training took
+k, and its rows fall behind (docs/workers.md, "Staleness and adaptive
+optimizers").
 """
 
 from __future__ import annotations
@@ -71,8 +78,11 @@ class HETStep(Step):
         return traffic, loss
 
     def _push_pending(self, slots: npt.NDArray[np.int64], iteration: int, traffic: Traffic) -> None:
-        """Push the accumulated gradients of those ``slots`` that have any (the dirty ones)."""
-        keys, grads = self.cache.take_pending(slots)
-        if keys.shape[0]:
-            self.ps.push_gradients(EMBEDDING_TABLE, keys, grads, iteration)
-            traffic.grad_pushes += keys.shape[0]
+        """Push the accumulated gradients of those ``slots`` that have any (the dirty ones),
+        each with the number of local steps it sums: the PS applies it as that many steps,
+        so adaptive optimizer state advances as in synchronous training."""
+        pending = self.cache.take_pending(slots)
+        if pending.keys.shape[0]:
+            steps = pending.steps if self.job.pushes_steps else None  # as row_bytes counts
+            self.ps.push_gradients(EMBEDDING_TABLE, pending.keys, pending.grads, iteration, steps)
+            traffic.grad_pushes += pending.keys.shape[0]

@@ -113,14 +113,23 @@ class TrainingJob:
         # near lr * noise / eps.
         return Adam(lr=lr, eps=1e-6)
 
+    @property
+    def pushes_steps(self) -> bool:
+        """Whether HET pushes carry the local steps each accumulated gradient sums: only
+        under staleness, and only for optimizers with state (k SGD steps of ``g / k`` are
+        one step of ``g``, so SGD's pushes stay as they were)."""
+        return self.staleness > 0 and self.make_optimizer().state_width(self.embedding_dim) > 0
+
     def row_bytes(self, mode: str) -> dict[str, int]:
         """Payload bytes of one embedding row per direction in ``mode``: keys and versions 8,
-        floats 4. The final flush is a write-back under a plan, a gradient push under HET."""
+        floats 4. The final flush is a write-back under a plan, a gradient push under HET.
+        HET pushes each row's local step count too where ``pushes_steps`` (int32, 4)."""
         dim = self.embedding_dim
         state = self.make_optimizer().state_width(dim)
+        steps = 4 if mode == HET_MODE and self.pushes_steps else 0
         sizes = {
             "pull": 8 + 8 + 4 * (dim + state),
-            "grad_push": 8 + 4 * dim,
+            "grad_push": 8 + 4 * dim + steps,
             "write_back": 8 + 8 + 8 + 4 * (dim + state),
         }
         sizes["final_flush"] = sizes["grad_push" if mode == HET_MODE else "write_back"]

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from heraldps import wire
 from heraldps.client import rpc
-from heraldps.client.routing import Index, as_keys, as_rows, count, plan_requests
+from heraldps.client.routing import Index, as_counts, as_keys, as_rows, count, plan_requests
 from heraldps.serving import channel_options
 from heraldps.v1 import ps_pb2, ps_pb2_grpc
 
@@ -202,25 +202,45 @@ class ShardClient:
 
     # ----- push / commit / write-back ----------------------------------------
     def push_gradients(
-        self, table: str, keys: npt.ArrayLike, grads: npt.ArrayLike, iteration: int
+        self,
+        table: str,
+        keys: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        iteration: int,
+        steps: npt.ArrayLike | None = None,
     ) -> None:
-        """Add ``grads [n, dim]`` to iteration ``iteration``'s buffer (duplicates summed)."""
-        rpc.wait(self.push_gradients_async(table, keys, grads, iteration))
+        """Add ``grads [n, dim]`` to iteration ``iteration``'s buffer (duplicates summed).
+        ``steps [n]`` (optional): optimizer steps each row stands for, applied as that many
+        steps of ``grads / steps`` (see ``PushGradientsRequest.steps``)."""
+        rpc.wait(self.push_gradients_async(table, keys, grads, iteration, steps))
 
     @rpc.reports_errors
     def push_gradients_async(
-        self, table: str, keys: npt.ArrayLike, grads: npt.ArrayLike, iteration: int
+        self,
+        table: str,
+        keys: npt.ArrayLike,
+        grads: npt.ArrayLike,
+        iteration: int,
+        steps: npt.ArrayLike | None = None,
     ) -> Future[None]:
         """``push_gradients`` without waiting; the future resolves to None or the error."""
         keys = as_keys(keys)
         dim, _ = self._widths_of(table)
         grads = as_rows(grads, keys.shape[0], dim, "grads")
-        calls = [
-            self._unary(shard, "PushGradients", ps_pb2.PushGradientsRequest(
+        counts = None if steps is None else as_counts(steps, keys.shape[0], "steps")
+
+        def request(index: Index) -> ps_pb2.PushGradientsRequest:
+            return ps_pb2.PushGradientsRequest(
                 table=table, iteration=iteration, keys=wire.encode_keys(keys[index]),
-                grads=wire.encode_floats(grads[index])), idempotent=False)
-            for shard, index in self._requests(keys, 8 + 4 * dim)
-        ]  # fmt: skip
+                grads=wire.encode_floats(grads[index]),
+                steps=b"" if counts is None else wire.encode_counts(counts[index]),
+            )  # fmt: skip
+
+        row_bytes = 8 + 4 * dim + (0 if counts is None else 4)
+        calls = [
+            self._unary(shard, "PushGradients", request(index), idempotent=False)
+            for shard, index in self._requests(keys, row_bytes)
+        ]
         return rpc.gather(calls, _nothing)
 
     def commit(self, iteration: int) -> int:

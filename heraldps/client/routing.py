@@ -58,3 +58,11 @@ def as_rows(rows: npt.ArrayLike, n: int, width: int, what: str) -> npt.NDArray[n
     if array.shape != (n, width):
         raise ValueError(f"{what} must have shape ({n}, {width}), got {array.shape}")
     return array
+
+
+def as_counts(counts: npt.ArrayLike, n: int, what: str) -> npt.NDArray[np.int32]:
+    """The caller's per-row counts as contiguous int32 ``[n]``, ValueError naming ``what``."""
+    array = np.asarray(counts)
+    if array.shape != (n,) or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise ValueError(f"{what} must be {n} integers, got {array.dtype} of shape {array.shape}")
+    return np.ascontiguousarray(array, dtype=np.int32)

@@ -295,6 +295,7 @@ class PushGradientsRequest(_message.Message):
     ITERATION_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
     GRADS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     iteration: _builtins.int
     """Iteration the gradients belong to; must be newer than the last
@@ -304,6 +305,20 @@ class PushGradientsRequest(_message.Message):
     """Little-endian int64 keys, n entries. Duplicates are summed."""
     grads: _builtins.bytes
     """float32 [n, dim]; must be finite."""
+    steps: _builtins.bytes
+    """Optional little-endian int32 [n], each in 1..1024: how many optimizer
+    steps each gradient row stands for (the sum of that many steps'
+    gradients, e.g. a worker's updates accumulated under bounded
+    staleness). Empty: 1 for every row. Pushes of one key to one iteration
+    sum their gradients and take the largest step count (they ran side by
+    side). At commit a synchronous table gives each row at most one step per
+    iteration since the row last changed, as synchronous training does:
+    row i takes k = min(steps[i], iteration - last change), at least 1,
+    optimizer steps of grads[i] / k, so adaptive optimizer state (AdaGrad's
+    accumulator, Adam's moments and step count) advances by k; for SGD this
+    equals one step of grads[i]. An UPDATE_MODE_IMMEDIATE table applies
+    steps[i] steps at once. The row's version still advances by 1.
+    """
     def __init__(
         self,
         *,
@@ -311,10 +326,11 @@ class PushGradientsRequest(_message.Message):
         iteration: _builtins.int = ...,
         keys: _builtins.bytes = ...,
         grads: _builtins.bytes = ...,
+        steps: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grads", b"grads", "iteration", b"iteration", "keys", b"keys", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grads", b"grads", "iteration", b"iteration", "keys", b"keys", "steps", b"steps", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,6 +9,7 @@ Wire conventions used by every heraldps message:
   * values:    little-endian float32, row-major [n, dim] (4 * n * dim bytes).
   * state:     little-endian float32, row-major [n, state_width].
   * versions:  little-endian int64, n entries.
+  * counts:    little-endian int32, n entries (e.g. optimizer steps).
 - The i-th row of every array in a message belongs to the i-th key.
 """
 

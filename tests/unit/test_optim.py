@@ -115,3 +115,65 @@ def test_proto_round_trip(opt: Optimizer) -> None:
 def test_bad_hyperparameters_rejected(make: object) -> None:
     with pytest.raises(InvalidArgument):
         make()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: type(o).__name__)
+def test_one_step_each_is_apply_bitwise(opt: Optimizer) -> None:
+    """Pushes without steps, or with 1 everywhere, are exactly the one-step update (s = 0)."""
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=(20, 8)).astype(np.float32)
+    state = opt.init_state(20, 8)
+    grads = rng.normal(size=(20, 8)).astype(np.float32)
+    expected_v, expected_s = values.copy(), state.copy()
+    opt.apply(expected_v, expected_s, grads)
+    for steps in (None, np.ones(20, np.int32)):
+        v, s = values.copy(), state.copy()
+        opt.apply_steps(v, s, grads, steps)
+        assert np.array_equal(v, expected_v) and np.array_equal(s, expected_s)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS[1:], ids=lambda o: type(o).__name__)
+def test_k_steps_are_k_updates_with_the_mean_gradient(opt: Optimizer) -> None:
+    """Row i advances as ``steps[i]`` updates with ``grads[i] / steps[i]``, bit for bit,
+    whatever the other rows' step counts."""
+    rng = np.random.default_rng(2)
+    steps = np.array([1, 3, 2, 3, 1, 4], np.int32)
+    values = rng.normal(size=(6, 5)).astype(np.float32)
+    state = opt.init_state(6, 5)
+    opt.apply(values, state, rng.normal(size=(6, 5)).astype(np.float32))  # non-trivial state
+    grads = rng.normal(size=(6, 5)).astype(np.float32)
+    whole_v, whole_s = values.copy(), state.copy()
+    opt.apply_steps(whole_v, whole_s, grads, steps)
+    for r, k in enumerate(steps):
+        v, s = values[r : r + 1].copy(), state[r : r + 1].copy()
+        mean = grads[r : r + 1] / np.float32(k)
+        for _ in range(k):
+            opt.apply(v, s, mean)
+        assert np.array_equal(v, whole_v[r : r + 1]), r
+        assert np.array_equal(s, whole_s[r : r + 1]), r
+    if isinstance(opt, Adam):  # the bias-correction step count moved by each row's steps
+        assert np.array_equal(whole_s[:, -1] - state[:, -1], steps.astype(np.float32))
+
+
+def test_sgd_takes_the_steps_as_one_step_of_the_sum() -> None:
+    """k SGD steps of g / k equal one step of g: SGD needs no step counts."""
+    values, grads = np.ones((2, 3), np.float32), np.full((2, 3), 2.0, np.float32)
+    SGD(lr=0.5).apply_steps(values, np.zeros((2, 0), np.float32), grads, np.array([1, 4], np.int32))
+    assert values.tolist() == [[0.0] * 3, [0.0] * 3]
+
+
+def test_adam_k_steps_keep_its_step_size_where_one_step_of_the_sum_does_not() -> None:
+    """The staleness rule's reason: Adam normalizes the gradient's size, so one step of a
+    k-step sum moves a row about lr, where k synchronous steps move it about k x lr."""
+    opt, k = Adam(lr=0.01), 3
+    grads = np.full((1, 4), 0.3, np.float32)
+    sync_v, sync_s = np.zeros((1, 4), np.float32), opt.init_state(1, 4)
+    for _ in range(k):
+        opt.apply(sync_v, sync_s, grads)
+    one_v, one_s = np.zeros((1, 4), np.float32), opt.init_state(1, 4)
+    opt.apply(one_v, one_s, k * grads)
+    steps_v, steps_s = np.zeros((1, 4), np.float32), opt.init_state(1, 4)
+    opt.apply_steps(steps_v, steps_s, k * grads, np.array([k], np.int32))
+    np.testing.assert_allclose(steps_v, sync_v, rtol=1e-5)
+    np.testing.assert_allclose(steps_s, sync_s, rtol=1e-5)
+    np.testing.assert_allclose(one_v, sync_v / k, rtol=1e-3)  # a third of the way

@@ -72,11 +72,21 @@ def test_pending_gradients_are_taken_once() -> None:
     cache.add_pending(slots[:2], grads[:2])
     cache.add_pending(slots[:1], grads[:1])
     cache.mark_trained(slots[:2], grads[:2], SGD(lr=0.1))
-    taken_keys, taken = cache.take_pending(slots)  # 30 was never trained: not taken
-    assert taken_keys.tolist() == [10, 20]
-    assert taken.tolist() == [[0.0, 2.0], [2.0, 3.0]]
+    taken = cache.take_pending(slots)  # 30 was never trained: not taken
+    assert taken.keys.tolist() == [10, 20]
+    assert taken.grads.tolist() == [[0.0, 2.0], [2.0, 3.0]]
+    assert taken.steps.tolist() == [2, 1]  # local steps each sum stands for
     assert cache.dirty_count() == 0
-    assert cache.take_pending(slots)[0].shape == (0,)
+    assert cache.take_pending(slots).keys.shape == (0,)
+    # Steps start anew after a take and after a refetch.
+    cache.add_pending(slots[:1], grads[:1])
+    cache.mark_trained(slots[:1], grads[:1], SGD(lr=0.1))
+    assert cache.take_pending(slots).steps.tolist() == [1]
+    cache.add_pending(slots[:1], grads[:1])
+    cache.admit(keys[1:2], values[1:2], np.zeros((1, 0), np.float32), np.ones(1, np.int64))
+    cache.mark_trained(slots[1:2], grads[1:2], SGD(lr=0.1))
+    cache.add_pending(slots[1:2], grads[1:2])
+    assert cache.take_pending(slots[1:2]).steps.tolist() == [1]
 
 
 def test_lru_and_lfu_victims_skip_the_rows_kept() -> None:
