@@ -40,7 +40,8 @@ class HETStep(Step):
         cached = slots >= 0
         stale = np.zeros(keys.shape[0], dtype=bool)
         if np.any(cached):
-            clocks = self.ps.versions(EMBEDDING_TABLE, keys[cached])
+            with self.timer("pull"):  # the clock check (CheckValid)
+                clocks = self.ps.versions(EMBEDDING_TABLE, keys[cached])
             traffic.version_checks += clocks.shape[0]
             stale[cached] = clocks > cache.clocks(slots[cached]) + s  # CheckValid fails
             traffic.stale += int(np.count_nonzero(stale))
@@ -54,18 +55,21 @@ class HETStep(Step):
             cache.evict(victims)
         fetch = missing | stale
         if np.any(fetch):
-            values, versions, state = self.ps.pull_with_state(EMBEDDING_TABLE, keys[fetch])
+            with self.timer("pull"):
+                values, versions, state = self.ps.pull_with_state(EMBEDDING_TABLE, keys[fetch])
             slots[fetch] = cache.admit(keys[fetch], values, state, versions)
             traffic.pulls += int(np.count_nonzero(fetch))
         traffic.hits += int(np.count_nonzero(~fetch))
         loss, emb_grad, dense_grad = self.train(mb, slots)
         if s == 0:
-            self.ps.push_gradients(EMBEDDING_TABLE, keys, to_host(emb_grad), t)
+            with self.timer("push"):
+                self.ps.push_gradients(EMBEDDING_TABLE, keys, to_host(emb_grad), t)
             traffic.grad_pushes += keys.shape[0]
             cache.evict(keys)  # every copy is stale after the commit
         else:
-            cache.add_pending(slots, emb_grad)
-            cache.mark_trained(slots, emb_grad, self.optimizer)
+            with self.timer("optimizer"):
+                cache.add_pending(slots, emb_grad)
+                cache.mark_trained(slots, emb_grad, self.optimizer)
             over = slots[cache.updates_since_fetch(slots) > s]
             self._push_pending(over, t, traffic)
             traffic.bound_releases += over.shape[0]
@@ -84,5 +88,7 @@ class HETStep(Step):
         pending = self.cache.take_pending(slots)
         if pending.keys.shape[0]:
             steps = pending.steps if self.job.pushes_steps else None  # as row_bytes counts
-            self.ps.push_gradients(EMBEDDING_TABLE, pending.keys, pending.grads, iteration, steps)
+            with self.timer("push"):
+                self.ps.push_gradients(EMBEDDING_TABLE, pending.keys, pending.grads, iteration,
+                                       steps)  # fmt: skip
             traffic.grad_pushes += pending.keys.shape[0]
