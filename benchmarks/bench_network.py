@@ -146,20 +146,26 @@ def main() -> int:
                     **link_figures(results[variant.name], rate),
                 })  # fmt: skip
                 print_row(rows[-1])
+            write(args.output, rows, epochs, rates, started)  # a partial sweep survives
     print_table(rows)
+    write(args.output, rows, epochs, rates, started)
+    plot(rows, args.output.with_suffix(".png"))
+    print(f"wrote {args.output} and {args.output.with_suffix('.png')}")
+    return 0
+
+
+def write(
+    path: Path, rows: list[dict[str, Any]], epochs: int, rates: tuple[float, ...], started: float
+) -> None:
     machine = {"python": platform.python_version(), "numpy": np.__version__,
                "processor": platform.processor(), "cpus": os.cpu_count(),
                "minutes": (time.perf_counter() - started) / 60}  # fmt: skip
     config = {"workers": 4, "batch_size_per_worker": 128, "optimizer": "adagrad",
               "embedding_dim": 16, "shards": 2, "cache_fraction": 0.1, "epochs": epochs,
               "rates_mbit": list(rates)}  # fmt: skip
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(
-        json.dumps({"machine": machine, "config": config, "results": rows}, indent=2) + "\n"
-    )
-    plot(rows, args.output.with_suffix(".png"))
-    print(f"wrote {args.output} and {args.output.with_suffix('.png')}")
-    return 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine, "config": config, "results": rows},
+                               indent=2) + "\n")  # fmt: skip
 
 
 def print_row(r: dict[str, Any]) -> None:
