@@ -34,7 +34,8 @@ class SchedulerMetrics:
         self.plan_wait = Histogram(
             "heraldps_scheduler_plan_wait_seconds",
             "From a worker's report of iteration t (or its registration) to its plan of t+1 "
-            "leaving the scheduler: the worker's wait at the barrier",
+            "leaving the scheduler: the worker's wait at the barrier (herald_pipelined: its "
+            "ReportDone's wait for the commit)",
             ["worker"], buckets=_WAIT_BUCKETS, registry=r,
         )  # fmt: skip
         self.planned_rows = Counter(

@@ -159,7 +159,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         committed = self.barrier.report_done(
             request.worker_id, request.iteration, request.loss_sum, request.samples
         )
-        self._waiting_since[request.worker_id] = time.monotonic()
+        if not request.wait_for_commit:  # its barrier wait ends when its next plan leaves
+            self._waiting_since[request.worker_id] = time.monotonic()
         m, c, worker = self.metrics, request.counters, str(request.worker_id)
         with self._reported_lock:
             self.reported.add(Traffic.from_proto(c))
@@ -173,9 +174,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             m.last_commit.set_to_current_time()
             m.committed.set(request.iteration)
             m.backlog.set(self.barrier.backlog)
-        if request.wait_for_commit and not committed:
-            self._wait_committed(request.iteration, context)
-        return scheduler_pb2.ReportDoneResponse(committed=committed)
+        waited = 0.0
+        if request.wait_for_commit:  # herald_pipelined: the barrier wait is this call's
+            began = time.monotonic()
+            if not committed:
+                self._wait_committed(request.iteration, context)
+            waited = time.monotonic() - began
+            m.plan_wait.labels(worker).observe(waited)
+        return scheduler_pb2.ReportDoneResponse(committed=committed, commit_wait_seconds=waited)
 
     def _wait_committed(self, iteration: int, context: grpc.ServicerContext) -> None:
         """Hold a report until its iteration is committed (``wait_for_commit``)."""

@@ -2,7 +2,9 @@
 
 Phases (seconds, per iteration):
 
-- ``plan_wait``: blocked on the plan stream (the other workers and the previous commit);
+- ``plan_wait``: blocked on the plan stream (the other workers and the previous commit); in
+  ``herald_pipelined`` the plan is at hand and the worker waits for the commit inside
+  ``ReportDone`` instead, which the scheduler says (``commit_wait_seconds``) and is counted here;
 - ``pull``: embedding pulls (HET's version checks too);
 - ``dense_pull``: the dense table from the PS (``--dense-sync ps`` only);
 - ``compute``: the model's forward and backward pass;
@@ -13,7 +15,8 @@ Phases (seconds, per iteration):
 - ``peer_wait``: the all-reduce waiting for the other workers' parts. The all-reduce is a
   barrier among workers, so a worker that finished first waits here (as it waits in
   ``plan_wait`` under ``--dense-sync ps``); the transfer of the peers' parts is in here too;
-- ``report``: the ``ReportDone`` call (for the last reporter, the commit on every shard).
+- ``report``: the ``ReportDone`` call (for the last reporter, the commit on every shard), less
+  its wait for the commit.
 
 :data:`RPC_PHASES` are spent in RPCs: their share of the iteration is the network's.
 Overlapped work (pipelining) counts only where the worker blocks on it.

@@ -168,19 +168,23 @@ def run_worker(config: WorkerConfig) -> int:
             traffic.dense_bytes = step.dense.bytes_moved - dense_bytes
             dense_bytes = step.dense.bytes_moved
             samples = int(plan.samples.shape[0])
-            with step.timer("report"):
-                scheduler.ReportDone(
-                    scheduler_pb2.ReportDoneRequest(
-                        worker_id=w,
-                        iteration=plan.iteration,
-                        counters=traffic.to_proto(),
-                        loss_sum=loss,
-                        samples=samples,
-                        wait_for_commit=pipelined,
-                    ),
-                    timeout=config.timeout_seconds,
-                )
+            reporting = time.perf_counter()
+            answer = scheduler.ReportDone(
+                scheduler_pb2.ReportDoneRequest(
+                    worker_id=w,
+                    iteration=plan.iteration,
+                    counters=traffic.to_proto(),
+                    loss_sum=loss,
+                    samples=samples,
+                    wait_for_commit=pipelined,
+                ),
+                timeout=config.timeout_seconds,
+            )
             waiting = time.perf_counter()
+            # herald_pipelined waits for the commit inside ReportDone: barrier, not RPC.
+            at_barrier = min(answer.commit_wait_seconds, waiting - reporting)
+            step.timer.add("report", waiting - reporting - at_barrier)
+            step.timer.add("plan_wait", at_barrier)
             seconds = waiting - started
             phases = step.timer.take()
             metrics.observe(plan.iteration, traffic, loss, samples, seconds, step.cache, phases)

@@ -451,16 +451,22 @@ class ReportDoneResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     COMMITTED_FIELD_NUMBER: _builtins.int
+    COMMIT_WAIT_SECONDS_FIELD_NUMBER: _builtins.int
     committed: _builtins.bool
     """True when this report completed the iteration and it was committed."""
+    commit_wait_seconds: _builtins.float
+    """Seconds this call waited for the other workers and the commit
+    (wait_for_commit; 0 otherwise): time at the barrier, not in the RPC.
+    """
     def __init__(
         self,
         *,
         committed: _builtins.bool = ...,
+        commit_wait_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_wait_seconds", b"commit_wait_seconds", "committed", b"committed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

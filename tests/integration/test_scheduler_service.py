@@ -202,17 +202,21 @@ def test_pipelined_plans_flow_before_the_previous_commit(
             assert plan_from_proto(message).same_as(want)
         assert (len(wire.decode_keys(got[-1].pull_early, "pull_early")) > 0) == pipelined
 
-        # Worker 0's report waits for the commit, which the other two reports make.
-        done = threading.Event()
+        # Worker 0's report waits for the commit, which the other two reports make; it says
+        # how long it waited (the worker counts that as barrier time, not RPC time).
+        answers: queue.SimpleQueue[scheduler_pb2.ReportDoneResponse] = queue.SimpleQueue()
         threading.Thread(
-            target=lambda: (stub.ReportDone(scheduler_pb2.ReportDoneRequest(
-                worker_id=0, iteration=0, wait_for_commit=True), timeout=30), done.set()),
+            target=lambda: answers.put(stub.ReportDone(scheduler_pb2.ReportDoneRequest(
+                worker_id=0, iteration=0, wait_for_commit=True), timeout=30)),
             daemon=True,
         ).start()  # fmt: skip
-        assert not done.wait(0.5)
+        with pytest.raises(queue.Empty):
+            answers.get(timeout=0.5)
         for w in (1, 2):
-            stub.ReportDone(scheduler_pb2.ReportDoneRequest(worker_id=w, iteration=0))
-        assert done.wait(10)
+            answer = stub.ReportDone(scheduler_pb2.ReportDoneRequest(worker_id=w, iteration=0))
+            assert answer.commit_wait_seconds == 0 and answer.committed == (w == 2)
+        held = answers.get(timeout=10)
+        assert not held.committed and held.commit_wait_seconds >= 0.5
         assert server.ps is not None and server.ps.committed_iteration() == 0
         submit(stub, batches[3])  # releases plan 2
         assert arrived.get(timeout=10).iteration == (2 if pipelined else 1)
