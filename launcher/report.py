@@ -34,7 +34,10 @@ def summary_table(results: dict[str, ModeResult]) -> Table:
     table = Table(title="heraldps local: traffic and quality per mode")
     for column in ("mode", "samples/s", "net %", "rows moved", "vs naive", "MiB", "sample MiB",
                    "AUC", "logloss"):  # fmt: skip
-        table.add_column(column, justify="left" if column == "mode" else "right")
+        if column == "mode":  # never cut a mode's name: headers wrap instead
+            table.add_column(column, no_wrap=True, min_width=max(map(len, reports), default=4))
+        else:
+            table.add_column(column, justify="right")
     for mode, r in reports.items():
         vs_naive = _ratio(r["moved_with_flush"], base["moved_with_flush"]) if base else "-"
         table.add_row(
