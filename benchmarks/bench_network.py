@@ -79,7 +79,8 @@ def datasets(quick: bool) -> list[tuple[str, str, Path, Path]]:
 
 
 def link_figures(result: ModeResult, rate_mbit: float) -> dict[str, float]:
-    """Mean bytes per worker link and per PS link (in + out), the busiest link's utilization."""
+    """Mean bytes per worker link and per PS link (in + out), the busiest link (its name and
+    utilization: its busier direction's bytes over rate x training time), every link's bytes."""
     links = result.link_bytes
     training = sum(r["period"] for r in result.per_iteration[1:]) or result.seconds
 
@@ -87,11 +88,16 @@ def link_figures(result: ModeResult, rate_mbit: float) -> dict[str, float]:
         totals = [v["in"] + v["out"] for k, v in links.items() if k.startswith(prefix)]
         return float(np.mean(totals)) if totals else float("nan")
 
-    busiest = max((max(v["in"], v["out"]) for v in links.values()), default=0)
+    busiest_name, busiest = max(
+        ((name, max(v["in"], v["out"])) for name, v in links.items()),
+        key=lambda item: item[1], default=("", 0),
+    )  # fmt: skip
     return {
         "worker_link_bytes": mean_total("worker-"),
         "ps_link_bytes": mean_total("ps-"),
+        "busiest_link": busiest_name,
         "busiest_link_utilization": busiest * 8 / (rate_mbit * 1e6 * training),
+        "links": links,
     }
 
 
