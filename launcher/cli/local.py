@@ -78,9 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dense-sync",
-        default="allreduce",
-        choices=("allreduce", "ps"),
-        help="dense (MLP) parameters: all-reduced among workers, or through the PS",
+        default="auto",
+        choices=("auto", "allreduce", "ps"),
+        help="dense (MLP) parameters: all-reduced among workers, or through the PS; auto: "
+        "all-reduce with --link-mbit, the PS on loopback (where bytes are free and the "
+        "all-reduce's extra RPCs only cost CPU: 10%% slower on 2 cores)",
     )
     p.add_argument(
         "--dense-checkpoint-every",
@@ -134,6 +136,13 @@ def modes_of(text: str) -> list[str]:
 
         raise InvalidArgument(f"--modes takes a comma-separated subset of {', '.join(ALL_MODES)}")
     return modes
+
+
+def dense_sync_of(args: argparse.Namespace) -> str:
+    """``--dense-sync``, with ``auto`` resolved: the all-reduce where the network is real."""
+    if args.dense_sync != "auto":
+        return str(args.dense_sync)
+    return "allreduce" if args.link_mbit is not None else "ps"
 
 
 def check_network(link_mbit: float | None, ps_link_mbit: float | None) -> None:
@@ -215,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers, batch_size_per_worker=args.batch_size_per_worker,
         iterations=args.iterations, epochs=args.epochs, optimizer=args.optimizer, lr=args.lr,
         embedding_dim=args.embedding_dim, staleness=args.staleness, policy=args.policy,
-        device=args.device, dense_sync=args.dense_sync,
+        device=args.device, dense_sync=dense_sync_of(args),
         dense_checkpoint_every=args.dense_checkpoint_every,
     )  # fmt: skip
     job, train, held_out = datasets(args, job)

@@ -47,3 +47,18 @@ def test_switches_show_off_and_unset_values_show_none() -> None:
     assert helps["no_shadow_naive"].endswith("(default: off)")
     assert helps["metrics_port"].endswith("(default: none)")
     assert isinstance(parser, argparse.ArgumentParser)
+
+
+def test_local_dense_sync_auto_all_reduces_only_on_a_real_network() -> None:
+    """Loopback: the PS path (the all-reduce only costs CPU there); --link-mbit: all-reduce."""
+    from launcher.cli import build_parser
+    from launcher.cli.local import dense_sync_of
+
+    parser = build_parser()
+    assert dense_sync_of(parser.parse_args(["local"])) == "ps"
+    assert dense_sync_of(parser.parse_args(["local", "--link-mbit", "10"])) == "allreduce"
+    assert dense_sync_of(parser.parse_args(["local", "--dense-sync", "allreduce"])) == "allreduce"
+    assert (
+        dense_sync_of(parser.parse_args(["local", "--link-mbit", "10", "--dense-sync", "ps"]))
+        == "ps"
+    )
