@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from worker_client.timing import PHASES
+
 
 def heraldps_local(*args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", "local", *args]
@@ -39,6 +41,17 @@ def test_local_writes_the_report_and_the_plot(tmp_path: Path) -> None:
             counts["moved_with_flush"] == counts["pulls"] + counts["pushes"] + counts["final_flush"]
         )
         assert counts["sample_bytes"] > 0  # the samples travelled with the plans
+        # The time breakdown: every phase, a network share, a median speed.
+        assert set(counts["phases_median"]) == set(PHASES)
+        assert counts["phases_median"]["compute"] > 0 and counts["phases_median"]["pull"] > 0
+        assert 0.0 < counts["network_share"] < 1.0
+        assert counts["samples_per_second_median"] > 0
+        assert counts["dense_bytes"] > 0
+        for row in counts["per_iteration"]:
+            assert (
+                set(row["phases"]) == set(PHASES)
+                and row["period"] >= sum(row["phases"].values()) / 2
+            )  # the slowest worker's period vs the workers' mean phases
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = done.stdout
     assert "PS agrees: the shards' counters equal the workers' counts in every mode" in out

@@ -20,6 +20,7 @@ from worker_client.het_step import HETStep
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.metrics import WorkerMetrics
 from worker_client.minibatch import global_batches, select
+from worker_client.timing import PHASES
 
 TRAIN, _ = bundled_data()
 STALENESS, ITERATIONS, WORKERS = 1, 40, 4
@@ -54,7 +55,7 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
             assert traffic.stale == expected_stale
             assert traffic.bound_releases == int(np.count_nonzero(cache.slots(keys) < 0))
             assert traffic.hits + traffic.pulls == keys.shape[0]
-            metrics[w].observe(t, traffic, loss, m_per, 0.01, cache)
+            metrics[w].observe(t, traffic, loss, m_per, 0.01, cache, step.timer.take())
             totals[w].add(traffic)
             losses[w] = loss
         ps.commit(t)
@@ -82,6 +83,11 @@ def test_het_staleness_counts_and_their_metrics(cluster: ClusterFactory) -> None
         assert value("heraldps_worker_iterations_total") == ITERATIONS
         assert value("heraldps_worker_samples_total") == ITERATIONS * m_per
         assert value("heraldps_worker_iteration_seconds_count") == ITERATIONS
+        for phase in PHASES:  # every phase observed once per iteration, time where work was
+            assert value("heraldps_worker_phase_seconds_count", {"phase": phase}) == ITERATIONS
+        for phase in ("pull", "compute", "push", "dense_pull", "dense_push"):
+            assert value("heraldps_worker_phase_seconds_sum", {"phase": phase}) > 0, phase
+        assert value("heraldps_worker_dense_bytes_total") == 0  # observe got no dense bytes
         assert value("heraldps_worker_last_iteration") == ITERATIONS - 1
         assert value("heraldps_worker_staleness_bound") == STALENESS
         assert value("heraldps_worker_loss") == losses[w] / m_per
