@@ -131,9 +131,15 @@ def _ps_counts(shards: list[ManagedProcess]) -> dict[str, int]:
     return totals
 
 
-def _feed(address: str, batches: list[SparseDataset], stop: threading.Event) -> None:
-    """Submit every global batch (retrying while the scheduler's backlog is full), then Finish."""
-    with grpc.insecure_channel(address, options=channel_options(MAX_MESSAGE_BYTES)) as channel:
+def _feed(
+    address: str, batches: list[SparseDataset], stop: threading.Event, compress: bool = False
+) -> None:
+    """Submit every global batch (retrying while the scheduler's backlog is full), then Finish;
+    ``compress``: gzip the batches (the scheduler's link is slow)."""
+    compression = grpc.Compression.Gzip if compress else None
+    with grpc.insecure_channel(
+        address, options=channel_options(MAX_MESSAGE_BYTES), compression=compression
+    ) as channel:
         submit_batches(scheduler_pb2_grpc.SchedulerStub(channel), batches, stop=stop)
 
 
@@ -203,8 +209,10 @@ def run_mode(
         ps = PSClient(addresses)
         ps.wait_ready()
         job.create_tables(ps)
+        # On slow links the samples (batches in, plans out) are the scheduler's load: gzip them.
         scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir,
-                                      **_placed(network, "scheduler"))  # fmt: skip
+                                      **_placed(network, "scheduler"),
+                                      compress_plans=network is not None)  # fmt: skip
         processes.append(scheduler)
         start_servers([scheduler])
         workers = [
@@ -219,7 +227,7 @@ def run_mode(
 
         def feed() -> None:
             try:
-                _feed(scheduler.address, batches, stop)
+                _feed(scheduler.address, batches, stop, compress=network is not None)
             except BaseException as exc:  # reported by the monitor loop
                 errors.append(exc)
 

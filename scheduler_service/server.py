@@ -43,6 +43,7 @@ class SchedulerConfig:
     # Table 1's baseline, live); costs planning time and mirror memory again. Not needed
     # (and not run) in mode naive, whose own counts are the baseline.
     shadow_naive: bool = True
+    compress_plans: bool = False  # gzip WatchPlans (the samples travel in the plans)
 
     def __post_init__(self) -> None:
         if self.mode not in SERVICE_MODES:
@@ -89,7 +90,12 @@ class SchedulerServer(GrpcProcess):
         self.metrics.watch_counts(lambda: scheduler.counts, self._naive_counts)
         self.stopping = threading.Event()
         self.servicer = SchedulerServicer(
-            self.barrier, self.metrics, config.table, self.stopping, self.shadow
+            self.barrier,
+            self.metrics,
+            config.table,
+            self.stopping,
+            self.shadow,
+            compress_plans=config.compress_plans,
         )
         super().__init__(
             name="scheduler",

@@ -42,12 +42,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         table: str,
         stopping: threading.Event,
         shadow: NaiveShadow | None = None,
+        compress_plans: bool = False,
     ) -> None:
         self.barrier = barrier
         self.metrics = metrics
         self.table = table
         self.stopping = stopping
         self.shadow = shadow
+        self.compress_plans = compress_plans
         self.reported = Traffic()  # every report so far, summed
         self._waiting_since: dict[int, float] = {}  # worker -> when it last reported/registered
         self._reported_lock = threading.Lock()
@@ -136,6 +138,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.WatchPlansRequest, context: grpc.ServicerContext
     ) -> Iterator[scheduler_pb2.CommPlan]:
         iteration: int | None = None  # the iteration in progress, once batches arrive
+        if self.compress_plans:
+            context.set_compression(grpc.Compression.Gzip)
         while context.is_active() and not self.stopping.is_set():
             plan = self.barrier.next_plan(request.worker_id, iteration, WATCH_POLL_SECONDS)
             if plan is None:
