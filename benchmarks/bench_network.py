@@ -2,7 +2,7 @@
 
 Run from the repository root, as root (network namespaces; see docs/network.md)::
 
-    python benchmarks/bench_network.py             # the full sweep, ~30-40 min on 2 cores
+    python benchmarks/bench_network.py             # the full sweep, ~20 min on 2 cores
     python benchmarks/bench_network.py --quick     # 1 epoch, rates 10 and 1000, criteo only
 
 Every process of each local cluster (2 PS shards, the scheduler, 4 workers)
