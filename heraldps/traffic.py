@@ -83,29 +83,25 @@ class Traffic:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def to_proto(self) -> scheduler_pb2.TrafficCounters:
-        """What a worker reports with ``ReportDone``."""
+        """What a worker reports with ``ReportDone``: the :data:`REPORTED` counts."""
         return scheduler_pb2.TrafficCounters(
-            pulled_rows=self.pulls,
-            pushed_gradient_rows=self.grad_pushes,
-            written_back_rows=self.write_backs,
-            cache_hits=self.hits,
-            final_flush_rows=self.final_flush,
-            version_checks=self.version_checks,
-            sample_bytes=self.sample_bytes,
-            dense_bytes=self.dense_bytes,
-            early_pulls=self.early_pulls,
+            **{wire: getattr(self, name) for name, wire in REPORTED.items()}
         )
 
     @classmethod
     def from_proto(cls, counters: scheduler_pb2.TrafficCounters) -> Traffic:
-        return cls(
-            pulls=counters.pulled_rows,
-            grad_pushes=counters.pushed_gradient_rows,
-            write_backs=counters.written_back_rows,
-            hits=counters.cache_hits,
-            final_flush=counters.final_flush_rows,
-            version_checks=counters.version_checks,
-            sample_bytes=counters.sample_bytes,
-            dense_bytes=counters.dense_bytes,
-            early_pulls=counters.early_pulls,
-        )
+        return cls(**{name: getattr(counters, wire) for name, wire in REPORTED.items()})
+
+
+# The counts a worker reports (``TrafficCounters``), by Traffic field -> wire field.
+REPORTED = {
+    "pulls": "pulled_rows",
+    "grad_pushes": "pushed_gradient_rows",
+    "write_backs": "written_back_rows",
+    "final_flush": "final_flush_rows",
+    "version_checks": "version_checks",
+    "hits": "cache_hits",
+    "sample_bytes": "sample_bytes",
+    "dense_bytes": "dense_bytes",
+    "early_pulls": "early_pulls",
+}

@@ -29,6 +29,7 @@ from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset
 from heraldps.modes import HET_MODE
 from heraldps.serving import channel_options
+from heraldps.traffic import REPORTED
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.cluster import (
     ClusterError,
@@ -341,8 +342,7 @@ def _combine(
     """Traffic summed over workers; per iteration: rows moved, mean loss, the slowest
     worker's time from receiving its plan to its report, the workers' mean seconds per
     phase, and the period (the slowest worker's plan-to-plan time: all phases)."""
-    keys = ("pulls", "grad_pushes", "write_backs", "final_flush", "version_checks", "hits",
-            "sample_bytes", "dense_bytes", "early_pulls")  # fmt: skip
+    keys = tuple(REPORTED)  # what each worker counted from its own RPCs
     totals = dict.fromkeys(keys, 0)
     per_iteration: list[dict[str, Any]] = [
         {"loss": 0.0, "seconds": 0.0, "period": 0.0, "phases": dict.fromkeys(PHASES, 0.0),

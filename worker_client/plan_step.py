@@ -87,18 +87,12 @@ class PlanStep(Step):
                                                rows.new_versions))  # fmt: skip
         blocked = time.perf_counter()
         sends.wait()
-        self._time_sends(time.perf_counter() - blocked, self.dense.wait_seconds - waited)
+        # Blocked on all sends at once: ``push``, less the all-reduce's wait for its peers.
+        self.timer.add_blocked("push", time.perf_counter() - blocked,
+                               self.dense.wait_seconds - waited)  # fmt: skip
         if rows is not None:
             cache.mark_written(rows)
         return traffic, loss
-
-    def _time_sends(self, blocked: float, peer_wait: float) -> None:
-        """The time the step blocked on its concurrent sends: ``push`` (gradients,
-        write-backs and the dense gradient together), less what the all-reduce spent
-        waiting for the other workers (``peer_wait``, a barrier, not network)."""
-        peer_wait = min(peer_wait, blocked)
-        self.timer.add("push", blocked - peer_wait)
-        self.timer.add("peer_wait", peer_wait)
 
     def _split(
         self, plan: CommPlan, keys: npt.NDArray[np.int64]

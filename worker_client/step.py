@@ -14,6 +14,7 @@ PS every iteration.
 from __future__ import annotations
 
 import abc
+import time
 from typing import Any
 
 import numpy as np
@@ -26,11 +27,9 @@ from heraldps.traffic import Traffic
 from worker_client.cache import EmbeddingCache
 from worker_client.dense_sync import DenseSync, PSDense
 from worker_client.device import to_host
-from worker_client.job import EMBEDDING_TABLE, TrainingJob
+from worker_client.job import TrainingJob
 from worker_client.minibatch import MiniBatch, select
 from worker_client.timing import PhaseTimer
-
-Keys = npt.NDArray[np.int64]
 
 
 class MissingSamples(FailedPrecondition):
@@ -110,19 +109,9 @@ class Step(abc.ABC):
                 loss_scale=float(self.job.global_batch),
             )
 
-    def write_back(self, keys: Keys) -> None:
-        """Return dirty cached rows to the PS; the PS checks each row's base clock."""
-        with self.timer("write_back"):
-            rows = self.cache.rows_for_write_back(keys)
-            self.ps.write_back(EMBEDDING_TABLE, rows.keys, rows.values, rows.state,
-                               rows.base_versions, rows.new_versions)  # fmt: skip
-            self.cache.mark_written(rows)
-
     def push_dense(self, dense_grad: Any, iteration: int, final: bool = False) -> None:
         """Hand the dense gradient to the dense sync (all-reduce and apply, or push)."""
-        waited = self.dense.wait_seconds
-        with self.timer("dense_push"):
-            self.dense.update(to_host(dense_grad), iteration, final)
-        waited = self.dense.wait_seconds - waited  # for the other workers: not network time
-        self.timer.add("dense_push", -waited)
-        self.timer.add("peer_wait", waited)
+        waited, started = self.dense.wait_seconds, time.perf_counter()
+        self.dense.update(to_host(dense_grad), iteration, final)
+        self.timer.add_blocked("dense_push", time.perf_counter() - started,
+                               self.dense.wait_seconds - waited)  # fmt: skip

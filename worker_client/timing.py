@@ -9,9 +9,13 @@ Phases (seconds, per iteration):
 - ``dense_pull``: the dense table from the PS (``--dense-sync ps`` only);
 - ``compute``: the model's forward and backward pass;
 - ``optimizer``: the optimizer applied in the cache (rows this worker owns, HET's local steps);
-- ``push``: embedding gradient pushes;
-- ``write_back``: write-backs, the final flush included;
-- ``dense_push``: the dense gradient: pushed to the PS, or all-reduced (sending) and applied;
+- ``push``: embedding gradient pushes (HET); in the plan modes, blocked on all sends of the
+  iteration, which leave together: gradients, write-backs (final flush included) and the dense
+  gradient;
+- ``write_back``: write-backs sent on their own. No step does that today (the plan modes send
+  them with their pushes, HET writes nothing back), so it stays 0;
+- ``dense_push``: the dense gradient sent on its own (HET): pushed to the PS, or all-reduced and
+  applied;
 - ``peer_wait``: the all-reduce waiting for the other workers' parts. The all-reduce is a
   barrier among workers, so a worker that finished first waits here (as it waits in
   ``plan_wait`` under ``--dense-sync ps``); the transfer of the peers' parts is in here too;
@@ -49,6 +53,13 @@ class PhaseTimer:
 
     def add(self, phase: str, seconds: float) -> None:
         self._seconds[phase] += seconds
+
+    def add_blocked(self, phase: str, seconds: float, peer_wait: float) -> None:
+        """``seconds`` blocked in ``phase``, of which ``peer_wait`` (capped at ``seconds``)
+        went to waiting for the other workers' all-reduce parts: that part is ``peer_wait``."""
+        peer_wait = min(max(peer_wait, 0.0), seconds)
+        self._seconds[phase] += seconds - peer_wait
+        self._seconds["peer_wait"] += peer_wait
 
     def take(self) -> dict[str, float]:
         """This iteration's seconds per phase; the timer starts over."""
