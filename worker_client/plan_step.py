@@ -68,7 +68,10 @@ class PlanStep(Step):
             sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, plan.push_grads, grads, t))
             traffic.grad_pushes += plan.push_grads.shape[0]
         waited = self.dense.wait_seconds
-        sends.add(sends.in_thread(self.dense.update, to_host(dense_grad), t, plan.final_flush))
+        host_grad = to_host(dense_grad)
+        deferred = self.defers_dense(plan)
+        if not deferred:
+            sends.add(sends.in_thread(self.dense.update, host_grad, t, plan.final_flush))
         if local.shape[0]:
             with self.timer("optimizer"):
                 cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)],
@@ -92,6 +95,8 @@ class PlanStep(Step):
                                self.dense.wait_seconds - waited)  # fmt: skip
         if rows is not None:
             cache.mark_written(rows)
+        if deferred:
+            self.start_dense(host_grad, t)
         return traffic, loss
 
     def _split(
@@ -114,6 +119,15 @@ class PlanStep(Step):
 
     def computed(self) -> None:
         """Called once the backward pass is done, before anything is sent (a hook)."""
+
+    def defers_dense(self, plan: CommPlan) -> bool:
+        """Whether the dense update leaves after the iteration's embedding sends, without
+        the step waiting for it (:meth:`start_dense`); here it is one of the sends."""
+        return False
+
+    def start_dense(self, grad: npt.NDArray[np.float32], iteration: int) -> None:
+        """Start a deferred dense update (only called where :meth:`defers_dense` says so)."""
+        raise NotImplementedError
 
     def fetch(self, plan: CommPlan) -> Pulled:
         """Values, versions and state of ``plan.pull`` from the PS, in that order."""
