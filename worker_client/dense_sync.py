@@ -17,6 +17,8 @@ snapshots, serving and evaluation read the dense model from the PS as before.
 from __future__ import annotations
 
 import abc
+import concurrent.futures
+from concurrent.futures import Future
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +26,7 @@ import numpy.typing as npt
 from heraldps.client import DenseParameter, PSClient
 from heraldps.optim import Optimizer
 from worker_client.collective import AllReduce
+from worker_client.sends import Sends
 
 Floats = npt.NDArray[np.float32]
 
@@ -41,6 +44,18 @@ class DenseSync(abc.ABC):
     @abc.abstractmethod
     def update(self, grad: Floats, iteration: int, final: bool) -> None:
         """Apply this worker's share of iteration ``iteration``'s dense gradient."""
+
+    def overlaps(self, final: bool) -> bool:
+        """Whether :meth:`start_update` leaves the update running (here: never; a push to
+        the PS must arrive before the iteration's commit, which applies it)."""
+        return False
+
+    def start_update(self, grad: Floats, iteration: int, final: bool) -> None:
+        """Start the update; it may run on until :meth:`settle` (see :meth:`overlaps`)."""
+        self.update(grad, iteration, final)
+
+    def settle(self) -> None:  # noqa: B027 (nothing runs on here)
+        """Wait for a started update to finish; raise its error."""
 
     def close(self) -> None:  # noqa: B027 (most syncs hold nothing to release)
         """Release connections."""
@@ -83,6 +98,7 @@ class AllReduceDense(DenseSync):
         self._versions = np.empty(0, np.int64)
         self._written = self._versions  # the versions the PS holds
         self._ps_bytes = 0
+        self._pending: Future[None] | None = None  # an update running in the background
 
     def _replica(self) -> Floats:
         """The replica's value rows, read from the PS dense table on first use (its initial
@@ -105,7 +121,26 @@ class AllReduceDense(DenseSync):
         return self.all_reduce.wait_seconds
 
     def values(self) -> Floats:
+        self.settle()
         return self.param.from_rows(self._replica())
+
+    def overlaps(self, final: bool) -> bool:
+        """Every update but the final one runs on in the background: nothing but the
+        next forward pass needs it, not the commit, the plan or the next pulls. The final one
+        finishes (and is written to the PS) before the run ends."""
+        return not final
+
+    def start_update(self, grad: Floats, iteration: int, final: bool) -> None:
+        self.settle()
+        if not self.overlaps(final):
+            self.update(grad, iteration, final)
+            return
+        self._pending = Sends.in_thread(self.update, grad, iteration, final)
+
+    def settle(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def update(self, grad: Floats, iteration: int, final: bool) -> None:
         total = self.all_reduce.sum(np.asarray(grad, dtype=np.float32), iteration)
@@ -127,4 +162,8 @@ class AllReduceDense(DenseSync):
         return self._replica().copy(), self._state.copy()
 
     def close(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+            concurrent.futures.wait([pending])
         self.all_reduce.close()

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,11 +44,9 @@ from heraldps.client.core import Pulled
 from heraldps.plan import CommPlan, plan_from_proto
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2
-from worker_client.dense_sync import AllReduceDense, DenseSync
+from worker_client.dense_sync import DenseSync
 from worker_client.job import EMBEDDING_TABLE, TrainingJob
-from worker_client.minibatch import MiniBatch
 from worker_client.plan_step import PlanMismatch, PlanStep
-from worker_client.sends import Sends
 
 
 @dataclass(frozen=True)
@@ -139,8 +136,6 @@ class PipelinedPlanStep(PlanStep):
         self._early: dict[int, tuple[npt.NDArray[np.int64], Future[Pulled]]] = {}
         self._running = -1
         self._early_pulled = 0
-        self._dense_pending: Future[Any] | None = None  # the previous iteration's all-reduce
-        self._dense_waited = 0.0
 
     def follow(self, upcoming: Callable[[], CommPlan | None]) -> None:
         """Where to look for the next plan while one runs (``PlanFeed.upcoming``)."""
@@ -185,30 +180,6 @@ class PipelinedPlanStep(PlanStep):
     def computed(self) -> None:
         """After the backward pass: the next plan's early pulls start now at the latest."""
         self._prefetch_upcoming()
-
-    def defers_dense(self, plan: CommPlan) -> bool:
-        """The all-reduce of t runs on while the worker reports t, waits for t's commit
-        and pulls t+1's late rows; only t+1's forward pass needs its result. Not the final
-        flush's (the run ends with the model complete), nor a push to the PS (t's commit
-        needs it)."""
-        return not plan.final_flush and isinstance(self.dense, AllReduceDense)
-
-    def start_dense(self, grad: npt.NDArray[np.float32], iteration: int) -> None:
-        """All-reduce and apply ``grad`` in the background, after the embedding sends
-        (which the commit waits for) have left."""
-        self._dense_waited = self.dense.wait_seconds
-        self._dense_pending = Sends.in_thread(self.dense.update, grad, iteration, False)
-
-    def train(self, mb: MiniBatch, slots: npt.NDArray[np.int64]) -> tuple[float, Any, Any]:
-        """The forward pass needs the previous iteration's dense update: wait for it first
-        (``dense_push``, less the all-reduce's wait for its peers)."""
-        pending, self._dense_pending = self._dense_pending, None
-        if pending is not None:
-            started = time.perf_counter()
-            pending.result()
-            self.timer.add_blocked("dense_push", time.perf_counter() - started,
-                                   self.dense.wait_seconds - self._dense_waited)  # fmt: skip
-        return super().train(mb, slots)
 
     def fetch(self, plan: CommPlan) -> Pulled:
         """The prefetched early rows joined with the late ones, pulled now (the previous

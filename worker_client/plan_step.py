@@ -10,7 +10,11 @@ check runs before the cache or the PS changes.
 The sends of an iteration overlap (:class:`~worker_client.sends.Sends`): the
 gradient push and the dense push leave as soon as the backward pass has made
 them, while the local optimizer runs; the write-backs (which need those local
-updates) follow; the step waits for all of them before it returns. The PS
+updates) follow; the step waits for all of them before it returns. A dense
+all-reduce (every iteration's but the final flush's) leaves only after the
+embedding sends, which the commit waits for, and runs on while the worker
+reports, waits for its next plan and pulls; the next forward pass waits for it
+(:meth:`~worker_client.step.Step.start_dense`). The PS
 accepts them in any order within an iteration: pushes only add to the
 iteration's buffer until the commit, and a write-back checks the row's
 version, which nothing but a commit or a write-back of the same row changes.
@@ -69,8 +73,8 @@ class PlanStep(Step):
             traffic.grad_pushes += plan.push_grads.shape[0]
         waited = self.dense.wait_seconds
         host_grad = to_host(dense_grad)
-        deferred = self.defers_dense(plan)
-        if not deferred:
+        overlapped = self.dense.overlaps(plan.final_flush)  # started after the sends below
+        if not overlapped:
             sends.add(sends.in_thread(self.dense.update, host_grad, t, plan.final_flush))
         if local.shape[0]:
             with self.timer("optimizer"):
@@ -95,8 +99,8 @@ class PlanStep(Step):
                                self.dense.wait_seconds - waited)  # fmt: skip
         if rows is not None:
             cache.mark_written(rows)
-        if deferred:
-            self.start_dense(host_grad, t)
+        if overlapped:
+            self.start_dense(host_grad, t, plan.final_flush)
         return traffic, loss
 
     def _split(
@@ -119,15 +123,6 @@ class PlanStep(Step):
 
     def computed(self) -> None:
         """Called once the backward pass is done, before anything is sent (a hook)."""
-
-    def defers_dense(self, plan: CommPlan) -> bool:
-        """Whether the dense update leaves after the iteration's embedding sends, without
-        the step waiting for it (:meth:`start_dense`); here it is one of the sends."""
-        return False
-
-    def start_dense(self, grad: npt.NDArray[np.float32], iteration: int) -> None:
-        """Start a deferred dense update (only called where :meth:`defers_dense` says so)."""
-        raise NotImplementedError
 
     def fetch(self, plan: CommPlan) -> Pulled:
         """Values, versions and state of ``plan.pull`` from the PS, in that order."""

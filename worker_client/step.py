@@ -8,7 +8,8 @@ parameters and the PS connection, and return the rows they moved
 
 Dense parameters move through a :class:`~worker_client.dense_sync.DenseSync`:
 all-reduced among the workers (the default) or pulled from and pushed to the
-PS every iteration.
+PS every iteration. An all-reduce runs on in the background until the next
+forward pass needs its result.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Step(abc.ABC):
         self.optimizer = job.make_optimizer()
         self.dense = dense or PSDense(ps, job.dense_parameter(self.model.dense_size))
         self.timer = PhaseTimer()
+        self._dense_waited = self.dense.wait_seconds  # peer wait counted up to here
         self.cache = EmbeddingCache(
             cache_rows,
             job.embedding_dim,
@@ -96,6 +98,7 @@ class Step(abc.ABC):
         """(loss sum, embedding gradients [rows], dense gradient) of the mini-batch on the
         cached rows ``slots`` (one per key of ``mb.keys``); gradients stay on the device."""
         xp = self.xp
+        self.settle_dense()
         with self.timer("dense_pull"):  # all-reduce: a copy of the replica
             dense = xp.asarray(self.dense.values())
         with self.timer("compute"):
@@ -110,8 +113,27 @@ class Step(abc.ABC):
             )
 
     def push_dense(self, dense_grad: Any, iteration: int, final: bool = False) -> None:
-        """Hand the dense gradient to the dense sync (all-reduce and apply, or push)."""
+        """Hand the dense gradient to the dense sync (all-reduce and apply, or push); an
+        all-reduce runs on in the background (:meth:`start_dense`)."""
+        if self.dense.overlaps(final):
+            self.start_dense(to_host(dense_grad), iteration, final)
+            return
         waited, started = self.dense.wait_seconds, time.perf_counter()
         self.dense.update(to_host(dense_grad), iteration, final)
         self.timer.add_blocked("dense_push", time.perf_counter() - started,
                                self.dense.wait_seconds - waited)  # fmt: skip
+
+    def start_dense(self, grad: npt.NDArray[np.float32], iteration: int, final: bool) -> None:
+        """Start the dense update and leave it running: the report, the wait for the next
+        plan and the next pulls need none of it; :meth:`settle_dense` waits for it."""
+        self._dense_waited = self.dense.wait_seconds
+        self.dense.start_update(grad, iteration, final)
+
+    def settle_dense(self) -> None:
+        """Before a forward pass: wait for the dense update still running, counted as
+        ``dense_push`` less the all-reduce's wait for its peers."""
+        started = time.perf_counter()
+        self.dense.settle()
+        self.timer.add_blocked("dense_push", time.perf_counter() - started,
+                               self.dense.wait_seconds - self._dense_waited)  # fmt: skip
+        self._dense_waited = self.dense.wait_seconds
