@@ -14,8 +14,9 @@ Phases (seconds, per iteration):
   gradient;
 - ``write_back``: write-backs sent on their own. No step does that today (the plan modes send
   them with their pushes, HET writes nothing back), so it stays 0;
-- ``dense_push``: the dense gradient sent on its own (HET): pushed to the PS, or all-reduced and
-  applied;
+- ``dense_push``: the dense gradient sent on its own (HET, ``--dense-sync ps``): pushed to the
+  PS; with the all-reduce, which runs on in the background after the iteration's sends, the wait
+  for it before the next forward pass (the final flush's: where it runs);
 - ``peer_wait``: the all-reduce waiting for the other workers' parts. The all-reduce is a
   barrier among workers, so a worker that finished first waits here (as it waits in
   ``plan_wait`` under ``--dense-sync ps``); the transfer of the peers' parts is in here too;
