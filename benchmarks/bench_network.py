@@ -4,6 +4,7 @@ Run from the repository root, as root (network namespaces; see docs/network.md):
 
     python benchmarks/bench_network.py             # the full sweep, ~20 min on 2 cores
     python benchmarks/bench_network.py --quick     # 1 epoch, rates 10 and 1000, criteo only
+    python benchmarks/bench_network.py --rates 1000 --repeats 3   # CPU-bound end, 3 runs each
 
 Every process of each local cluster (2 PS shards, the scheduler, 4 workers)
 runs in its own network namespace behind a token-bucket link of R Mbit/s
@@ -102,16 +103,24 @@ def link_figures(result: ModeResult, rate_mbit: float) -> dict[str, float]:
 
 
 def run_rate(
-    job: TrainingJob, train: Any, test: Any, rate: float, variants: tuple[Variant, ...]
+    job: TrainingJob,
+    train: Any,
+    test: Any,
+    rate: float,
+    variants: tuple[Variant, ...],
+    rotate: int = 0,
 ) -> dict[str, ModeResult]:
-    """Every variant at one link rate: one ``run_local`` per job setting (one network each)."""
+    """Every variant at one link rate: one ``run_local`` per job setting (one network each),
+    the modes of each in turn, started ``rotate`` places further along (repeats vary the
+    order, so no variant always runs first or last)."""
     results: dict[str, ModeResult] = {}
     groups: dict[tuple[int, str], list[Variant]] = {}
     for v in variants:
         groups.setdefault((v.staleness, v.dense_sync), []).append(v)
     for (staleness, dense_sync), members in groups.items():
         variant_job = replace(job, staleness=staleness, dense_sync=dense_sync)
-        modes = [v.mode for v in members]
+        k = rotate % len(members)
+        modes = [v.mode for v in members[k:] + members[:k]]
         out = run_local(variant_job, modes, 2, train, test, link_mbit=rate)
         for v in members:
             results[v.name] = out[v.mode]
@@ -123,6 +132,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1 epoch, rates 10 and 1000, criteo")
     parser.add_argument("--rates", default=None, help="Mbit/s, comma-separated (10,30,100,1000)")
     parser.add_argument("--epochs", type=int, default=None, help="default 3 (quick: 1)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per variant and rate, in rotated order; samples/s is the "
+        "median of their medians (other figures: the first run's)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_network.json")
     args = parser.parse_args()
     rates = RATES if args.rates is None else tuple(float(r) for r in args.rates.split(","))
@@ -137,14 +153,19 @@ def main() -> int:
         train, test = job.read(), job.read(str(test_path))
         job = replace(job, cache_rows=cache_rows_for(train, 0.1))
         for rate in rates:
-            results = run_rate(job, train, test, rate, VARIANTS)
-            base = results["naive"].report()["samples_per_second_median"]
+            repeats = [run_rate(job, train, test, rate, VARIANTS, rotate=k)
+                       for k in range(max(1, args.repeats))]  # fmt: skip
+            results = repeats[0]
+            speeds = {v.name: [rep[v.name].report()["samples_per_second_median"]
+                               for rep in repeats] for v in VARIANTS}  # fmt: skip
+            base = float(np.median(speeds["naive"]))
             for variant in VARIANTS:
                 r = results[variant.name].report()
+                speed = float(np.median(speeds[variant.name]))
                 rows.append({
                     "data": name, "link_mbit": rate, "variant": variant.name,
-                    "samples_per_second": r["samples_per_second_median"],
-                    "vs_naive": r["samples_per_second_median"] / base if base else float("nan"),
+                    "samples_per_second": speed, "samples_per_second_runs": speeds[variant.name],
+                    "vs_naive": speed / base if base else float("nan"),
                     "network_share": r["network_share"],
                     "phases_median": r["phases_median"],
                     "rows_moved": r["moved_with_flush"], "bytes_moved": r["bytes_moved_with_flush"],
@@ -152,23 +173,28 @@ def main() -> int:
                     **link_figures(results[variant.name], rate),
                 })  # fmt: skip
                 print_row(rows[-1])
-            write(args.output, rows, epochs, rates, started)  # a partial sweep survives
+            write(args.output, rows, epochs, rates, args.repeats, started)  # partial survives
     print_table(rows)
-    write(args.output, rows, epochs, rates, started)
+    write(args.output, rows, epochs, rates, args.repeats, started)
     plot(rows, args.output.with_suffix(".png"))
     print(f"wrote {args.output} and {args.output.with_suffix('.png')}")
     return 0
 
 
 def write(
-    path: Path, rows: list[dict[str, Any]], epochs: int, rates: tuple[float, ...], started: float
+    path: Path,
+    rows: list[dict[str, Any]],
+    epochs: int,
+    rates: tuple[float, ...],
+    repeats: int,
+    started: float,
 ) -> None:
     machine = {"python": platform.python_version(), "numpy": np.__version__,
                "processor": platform.processor(), "cpus": os.cpu_count(),
                "minutes": (time.perf_counter() - started) / 60}  # fmt: skip
     config = {"workers": 4, "batch_size_per_worker": 128, "optimizer": "adagrad",
               "embedding_dim": 16, "shards": 2, "cache_fraction": 0.1, "epochs": epochs,
-              "rates_mbit": list(rates)}  # fmt: skip
+              "rates_mbit": list(rates), "repeats": repeats}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine, "config": config, "results": rows},
                                indent=2) + "\n")  # fmt: skip
