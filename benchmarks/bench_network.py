@@ -79,7 +79,7 @@ def datasets(quick: bool) -> list[tuple[str, str, Path, Path]]:
     return out
 
 
-def link_figures(result: ModeResult, rate_mbit: float) -> dict[str, float]:
+def link_figures(result: ModeResult, rate_mbit: float) -> dict[str, Any]:
     """Mean bytes per worker link and per PS link (in + out), the busiest link (its name and
     utilization: its busier direction's bytes over rate x training time), every link's bytes."""
     links = result.link_bytes
