@@ -191,3 +191,36 @@ def test_replicas_equal_each_other_and_the_ps_path(
     stored, versions, stored_state = ps.pull_with_state("dense", allreduced.keys)
     assert stored.tobytes() == rows0.tobytes() and stored_state.tobytes() == state0.tobytes()
     assert versions.tolist() == [4, 4, 4]  # one per iteration, as commits would count
+
+
+def test_started_updates_run_in_the_background_and_settle_to_the_same_replicas(
+    cluster: ClusterFactory, ring: Callable[..., list[AllReduce]]
+) -> None:
+    """``start_update`` returns before the all-reduce can finish (worker 0 starts before worker
+    1 has sent anything, from the same thread); ``values`` waits for it; the replicas equal
+    those of updates run to the end, bit for bit. A failed background update (a silent peer)
+    raises at ``settle``."""
+    _, ps = cluster(1)
+    size, optimizer = 300, AdaGrad(lr=0.1)
+    initial = np.linspace(-1, 1, size, dtype=np.float32)
+    param = ps.create_dense("dense", size, optimizer, initial=initial)
+    started = [AllReduceDense(ps, param, optimizer, m, checkpoint_every=0) for m in ring(2, size)]
+    waited = [AllReduceDense(ps, param, optimizer, m, checkpoint_every=0) for m in ring(2, size)]
+    rng = np.random.default_rng(2)
+    for t in range(3):
+        grads = [rng.standard_normal(size).astype(np.float32) for _ in range(2)]
+        assert all(r.overlaps(final=False) and not r.overlaps(final=True) for r in started)
+        for w in range(2):  # one thread: worker 0's call must not wait for worker 1
+            started[w].start_update(grads[w], t, False)
+        threads = [threading.Thread(target=waited[w].update, args=(grads[w], t, False))
+                   for w in range(2)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        values = [r.values() for r in started]  # settles
+        assert values[0].tobytes() == values[1].tobytes() == waited[0].values().tobytes()
+    lonely = AllReduceDense(ps, param, optimizer, ring(2, size, timeout=1.0)[0], 0)
+    lonely.start_update(np.ones(size, np.float32), 0, False)
+    with pytest.raises(DeadlineExceeded):
+        lonely.settle()
