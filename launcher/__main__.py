@@ -2,6 +2,10 @@
 
 import sys
 
-from launcher.cli import main
+from launcher.lifeline import follow_launcher
+
+follow_launcher()  # a process of `heraldps local` dies with it (launcher.lifeline)
+
+from launcher.cli import main  # noqa: E402  (after the guard: imports take seconds)
 
 sys.exit(main())

@@ -11,6 +11,7 @@ and exit 0) and kills what does not exit in time. A process runs on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,8 +22,12 @@ from pathlib import Path
 from typing import TypedDict
 
 from heraldps.errors import HeraldError
+from launcher.lifeline import child_environment
 
 START_TIMEOUT_SECONDS = 120.0
+# Seconds a worker may stay silent (the scheduler's --worker-timeout), and the
+# scheduler may leave the launcher unanswered, before the run is given up.
+DEFAULT_WORKER_TIMEOUT = 60.0
 LOOPBACK = "127.0.0.1"
 # /metrics of our own processes, never through an HTTP proxy of the environment.
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -62,9 +67,11 @@ class ManagedProcess:
         if self.port_file is not None:
             command += ["--port-file", str(self.port_file)]
         with open(self.log_path, "w") as log:
+            # Own session: a signal to the launcher's group is the launcher's to pass on.
             self.proc = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=child_environment(),
+            )  # fmt: skip
         (workdir / f"{name}.pid").write_text(f"{self.proc.pid}\n")  # for operators and tests
         self.port = 0
         self.metrics_port = 0
@@ -99,17 +106,38 @@ class ManagedProcess:
         except OSError:
             return "(no log)"
 
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``; the exit code (None if it had to be killed)."""
+    def signal_stop(self) -> None:
+        """SIGTERM, and SIGCONT so that a frozen (SIGSTOPped) process handles it too."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; the exit code (None if it had to be killed)."""
+        self.signal_stop()
+        return self.wait_stopped(time.monotonic() + timeout)
+
+    def wait_stopped(self, deadline: float) -> int | None:
+        """Wait for the exit until ``deadline``, then SIGKILL its group; the exit code
+        (None if it had to be killed)."""
+        try:
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-                return None
+            self.proc.wait()
+            return None
         return self.proc.returncode
+
+
+def stop_all(processes: list[ManagedProcess], timeout: float = 15.0) -> None:
+    """Stop ``processes`` at once: SIGTERM to all, then SIGKILL to what still runs after
+    ``timeout`` (one grace period for all, not one each)."""
+    for process in processes:
+        process.signal_stop()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.wait_stopped(deadline)
 
 
 def start_servers(processes: list[ManagedProcess]) -> None:
@@ -143,12 +171,14 @@ def scheduler_process(
     host: str = LOOPBACK,
     namespace: str | None = None,
     compress_plans: bool = False,
+    worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
 ) -> ManagedProcess:
-    """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links)."""
+    """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links);
+    ``worker_timeout``: its ``--worker-timeout``."""
     args = ["scheduler", "--host", host, "--port", "0", "--metrics-port", "0",
             "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
             "--ps", ",".join(ps), "--grace-seconds", "5",
-            "--threads", str(2 * workers + 8)]  # fmt: skip
+            "--threads", str(2 * workers + 8), "--worker-timeout", str(worker_timeout)]  # fmt: skip
     if compress_plans:
         args.append("--compress-plans")
     return ManagedProcess("scheduler", args, workdir, port_file=True, host=host,

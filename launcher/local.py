@@ -32,6 +32,7 @@ from heraldps.serving import channel_options
 from heraldps.traffic import REPORTED
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.cluster import (
+    DEFAULT_WORKER_TIMEOUT,
     ClusterError,
     ManagedProcess,
     Placement,
@@ -39,6 +40,7 @@ from launcher.cluster import (
     ps_process,
     scheduler_process,
     start_servers,
+    stop_all,
     worker_process,
 )
 from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
@@ -184,11 +186,14 @@ def run_mode(
     store: str = "staged",
     cache_gb: float = 1.0,
     network: ClusterNetwork | None = None,
+    worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
 ) -> ModeResult:
     """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure.
 
     ``store="cached"`` runs Cached-PS shards (LMDB under ``workdir``) with ``cache_gb`` of
-    host cache per table. With ``network`` every process runs in its namespace there."""
+    host cache per table. With ``network`` every process runs in its namespace there.
+    ``worker_timeout``: a worker silent this long, or a scheduler not answering this long,
+    ends the run (0: never)."""
     workdir.mkdir(parents=True, exist_ok=True)
     batches = global_batches(train, job.global_batch, job.iterations, job.epochs)
     job_path = workdir / "job.json"
@@ -213,7 +218,8 @@ def run_mode(
         # On slow links the samples (batches in, plans out) are the scheduler's load: gzip them.
         scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir,
                                       **_placed(network, "scheduler"),
-                                      compress_plans=network is not None)  # fmt: skip
+                                      compress_plans=network is not None,
+                                      worker_timeout=worker_timeout)  # fmt: skip
         processes.append(scheduler)
         start_servers([scheduler])
         workers = [
@@ -235,8 +241,9 @@ def run_mode(
         feeder = threading.Thread(target=feed, name="feeder", daemon=True)
         feeder.start()
         first_commit = _monitor(
-            scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress, errors
-        )
+            scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress, errors,
+            worker_timeout,
+        )  # fmt: skip
         seconds = time.perf_counter() - started
         link_bytes = _link_delta(links_before, network.link_bytes() if network else {})
         # Throughput from the first commit on: worker start-up is not training.
@@ -270,8 +277,7 @@ def run_mode(
         )
     finally:
         stop.set()
-        for process in reversed(processes):
-            process.stop()
+        stop_all(processes[::-1])
 
 
 def _link_delta(
@@ -300,29 +306,48 @@ def _monitor(
     mode: str,
     progress: Progress | None,
     errors: list[BaseException],
+    worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
 ) -> float | None:
-    """Wait for every worker to exit 0; fail fast (with the log) when any process dies.
+    """Wait for every worker to exit 0; fail fast (with the log) when any process dies,
+    when the scheduler aborts the run (a silent worker, a failed commit: its reason), or
+    when the scheduler has not answered for ``worker_timeout`` seconds (frozen).
 
     Returns when the first iteration was seen committed (None if never seen)."""
     first_commit: float | None = None
+    unanswered_since: float | None = None
+    ask_timeout = min(5.0, worker_timeout) if worker_timeout > 0 else 5.0
     with grpc.insecure_channel(scheduler.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         while True:
+            try:
+                status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=ask_timeout)
+                unanswered_since = None
+            except grpc.RpcError as err:
+                _raise_if_aborted(err, mode)
+                status = None
+                unanswered_since = unanswered_since or time.monotonic()
+                if 0 < worker_timeout < time.monotonic() - unanswered_since:
+                    raise ClusterError(
+                        f"{mode}: the scheduler has not answered for {worker_timeout:g} s "
+                        f"(--worker-timeout): frozen or hung; its log ({scheduler.log_path}) "
+                        f"ends with:\n{scheduler.log_tail()}"
+                    ) from None
             if errors:
                 raise ClusterError(f"{mode}: feeding batches failed: {errors[0]}")
             for process in [*servers, *workers]:
                 code = process.proc.poll()
                 if code is not None and (code != 0 or process in servers):
+                    if process is not scheduler:  # a worker ended on the run's abort?
+                        try:
+                            stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=ask_timeout)
+                        except grpc.RpcError as err:
+                            _raise_if_aborted(err, mode)
                     raise ClusterError(
                         f"{mode}: {process.name} exited with code {code}; its log "
                         f"({process.log_path}) ends with:\n{process.log_tail()}"
                     )
             if all(w.proc.poll() == 0 for w in workers):
                 return first_commit
-            try:
-                status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=5)
-            except grpc.RpcError:
-                status = None
             if status is not None and status.committed_iteration >= 0 and first_commit is None:
                 first_commit = time.perf_counter()
             if progress is not None and status is not None:
@@ -334,6 +359,12 @@ def _monitor(
                 }
                 progress.update(mode, status.committed_iteration + 1, iterations, so_far)
             time.sleep(0.05)
+
+
+def _raise_if_aborted(err: grpc.RpcError, mode: str) -> None:
+    """The scheduler aborted the run (ABORTED): a ClusterError with its reason."""
+    if err.code() == grpc.StatusCode.ABORTED:
+        raise ClusterError(f"{mode}: the scheduler aborted the run: {err.details()}") from None
 
 
 def _combine(
@@ -390,6 +421,7 @@ def run_local(
     cache_gb: float = 1.0,
     link_mbit: float | None = None,
     ps_link_mbit: float | None = None,
+    worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
 ) -> dict[str, ModeResult]:
     """Every mode on its own fresh cluster, same batches and model; results by mode.
 
@@ -409,7 +441,7 @@ def run_local(
                 results[mode] = run_mode(
                     job if mode == HET_MODE else replace(job, staleness=0),
                     mode, shards, train, eval_data, root / mode, progress, store=store,
-                    cache_gb=cache_gb, network=net,
+                    cache_gb=cache_gb, network=net, worker_timeout=worker_timeout,
                 )  # fmt: skip
             except ClusterError as exc:
                 if workdir is not None:

@@ -11,10 +11,18 @@ the rows t's commit cannot change, and t-1's commit has happened.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from heraldps.datasets import SparseDataset
-from heraldps.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from heraldps.errors import (
+    Aborted,
+    FailedPrecondition,
+    HeraldError,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from heraldps.modes import PIPELINED_MODE
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
@@ -27,8 +35,24 @@ class UnknownWorker(InvalidArgument):
     reason = "UNKNOWN_WORKER"
 
 
+class RunAborted(Aborted):
+    """The run cannot go on: a worker fell silent, or a commit on the PS failed. Every
+    later call of the barrier answers it (the run restarts from a checkpoint)."""
+
+    reason = "RUN_ABORTED"
+
+
 class Barrier:
-    """Plans in, reports in, commits out."""
+    """Plans in, reports in, commits out.
+
+    Liveness: the iteration in progress has a clock, started when its plans may flow
+    (they are released and the iteration before is committed). ``overdue`` names the
+    workers that have not reported it within a timeout, counted for each from that
+    start or from when it last spoke (registered, received its plan), whichever is
+    later, or the commit that has not finished; ``fail`` then aborts the run. A worker
+    that never registered is starting (a pod being scheduled, a slow import), not silent:
+    whoever started it sees it fail.
+    """
 
     def __init__(
         self,
@@ -52,6 +76,10 @@ class Barrier:
         self._done: dict[int, set[int]] = {}
         self._loss: dict[int, tuple[float, int]] = {}
         self.last_loss = float("nan")
+        self.failure: RunAborted | None = None
+        self._since: float | None = None  # when the iteration in progress could start
+        self._heard: dict[int, float] = {}  # worker -> when it last spoke (monotonic)
+        self._committing_since: float | None = None  # the last report of an iteration
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
 
@@ -71,6 +99,7 @@ class Barrier:
         with self._lock:
             self.registered.add(worker)
             self._collective[worker] = collective_address
+            self._heard[worker] = time.monotonic()
             self._changed.notify_all()
 
     def collective_addresses(self, timeout: float) -> list[str]:
@@ -95,6 +124,7 @@ class Barrier:
     def submit(self, batch: Batch) -> list[CommPlan]:
         """Plan a batch; return the plans it released (the previous iteration's)."""
         with self._lock:
+            self.check_running()
             if self.finished:
                 raise FailedPrecondition("training was finished; no more batches are accepted")
             expected = self.scheduler.next_iteration
@@ -133,6 +163,7 @@ class Barrier:
                 for plan in released:
                     plan.mini_batch = data.take(plan.samples)
             self._plans[released[0].iteration] = released
+            self._start_clock()
             self._changed.notify_all()
 
     def wake_all(self) -> None:
@@ -153,13 +184,18 @@ class Barrier:
 
             def ready() -> bool:
                 it = wanted()
-                return (it in self._plans and self.committed >= it - self.lead) or (
-                    self.finished and it not in self._plans
+                return (
+                    (it in self._plans and self.committed >= it - self.lead)
+                    or (self.finished and it not in self._plans)
+                    or self.failure is not None
                 )
 
             if not self._changed.wait_for(ready, timeout=timeout):
                 return None
+            self.check_running()
             plans = self._plans.get(wanted())
+            if plans is not None:
+                self._heard[worker] = time.monotonic()
             return None if plans is None else plans[worker]
 
     def report_done(
@@ -168,6 +204,7 @@ class Barrier:
         """Record a worker's report; commit on the PS when it completes the iteration."""
         self._check_worker(worker)
         with self._lock:
+            self.check_running()
             current = self.committed + 1
             if iteration != current:
                 raise FailedPrecondition(
@@ -182,21 +219,88 @@ class Barrier:
             self._loss[iteration] = (loss + loss_sum, count + samples)
             if len(done) < self.num_workers:
                 return False
-        # Every worker reported: commit outside the lock (it talks to the PS).
-        self._commit(iteration)
+            self._committing_since = time.monotonic()
+        # Every worker reported: commit outside the lock (it talks to the PS). The PS
+        # client has retried what may be retried (Commit is idempotent): an error now
+        # ends the run, clearly, instead of leaving the barrier half-way.
+        try:
+            self._commit(iteration)
+        except HeraldError as exc:
+            where = f" ({exc.address})" if exc.address else ""
+            failure = RunAborted(
+                f"committing iteration {iteration} on the PS failed{where}: "
+                f"{exc.code.name} {exc.message}; the run is aborted (restart it from the "
+                "last checkpoint)"
+            )
+            self.fail(failure)
+            raise failure from exc
         with self._lock:
             self.committed = iteration
             loss, count = self._loss.pop(iteration)
             self.last_loss = loss / count if count else float("nan")
             del self._plans[iteration]
             del self._done[iteration]
+            self._since = self._committing_since = None
+            self._start_clock()
             self._changed.notify_all()
         return True
+
+    def _start_clock(self) -> None:
+        """Start the liveness clock of the iteration in progress once it can start."""
+        if self._since is None and self.committed + 1 in self._plans:
+            self._since = time.monotonic()
+
+    def check_running(self) -> None:
+        """Raise :class:`RunAborted` if the run was aborted."""
+        if self.failure is not None:  # a fresh exception each time: tracebacks never pile up
+            raise RunAborted(self.failure.message)
+
+    def fail(self, failure: RunAborted) -> None:
+        """Abort the run: every waiting and later call answers ``failure`` (the first one)."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = failure
+            self._changed.notify_all()
+
+    def overdue(self, timeout: float, now: float | None = None) -> RunAborted | None:
+        """Why the iteration in progress is overdue (silent workers, or its commit), or
+        None while it is within ``timeout`` seconds (see the class docstring)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self.failure is not None or self._since is None:
+                return None
+            iteration = self.committed + 1
+            done = self._done.get(iteration, set())
+            silent = []
+            for w, heard in sorted(self._heard.items()):
+                if w not in done and now > max(self._since, heard) + timeout:
+                    silent.append(w)
+            if silent:
+                names = ", ".join(str(w) for w in silent)
+                what = f"worker {names} has" if len(silent) == 1 else f"workers {names} have"
+                return RunAborted(
+                    f"{what} not reported iteration {iteration} within {timeout:g} s "
+                    "(--worker-timeout): frozen, hung, or cut off from the scheduler or the "
+                    "PS; the run is aborted (see the worker's log; restart the run from the "
+                    "last checkpoint)"
+                )
+            committing = self._committing_since
+            if committing is not None and now > committing + timeout:
+                return RunAborted(
+                    f"every worker reported iteration {iteration}, but its commit on the PS "
+                    f"has not finished within {timeout:g} s (--worker-timeout): a PS shard "
+                    "is frozen or unreachable; the run is aborted"
+                )
+            return None
 
     def wait_committed(self, iteration: int, timeout: float) -> bool:
         """Block until ``iteration`` is committed; False when ``timeout`` passed first."""
         with self._lock:
-            return self._changed.wait_for(lambda: self.committed >= iteration, timeout=timeout)
+            committed = self._changed.wait_for(
+                lambda: self.committed >= iteration or self.failure is not None, timeout=timeout
+            )
+            self.check_running()
+            return committed
 
     def is_over(self, iteration: int | None) -> bool:
         with self._lock:

@@ -16,6 +16,7 @@ from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
 from scheduler_service.servicer import SchedulerServicer
 from scheduler_service.shadow import NaiveShadow
+from scheduler_service.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,15 @@ class SchedulerConfig:
     # (and not run) in mode naive, whose own counts are the baseline.
     shadow_naive: bool = True
     compress_plans: bool = False  # gzip WatchPlans (the samples travel in the plans)
+    # A worker that has not reported the iteration in progress this many seconds after
+    # it could start (or after the worker last spoke) aborts the run; 0: never.
+    worker_timeout: float = 60.0
 
     def __post_init__(self) -> None:
+        if not self.worker_timeout >= 0:  # also refuses NaN
+            raise ValueError(
+                f"--worker-timeout must be >= 0 seconds (0: never), got {self.worker_timeout}"
+            )
         if self.mode not in SERVICE_MODES:
             raise ValueError(f"--mode must be one of {', '.join(SERVICE_MODES)}, got {self.mode!r}")
         if self.threads < self.min_threads:
@@ -81,6 +89,7 @@ class SchedulerServer(GrpcProcess):
         self.ps = PSClient(list(config.ps)) if config.ps else None
         scheduler = make_scheduler(config.workers, config.cache_rows, config.mode)
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
+        self.watchdog = Watchdog(self.barrier, config.worker_timeout)
         self.metrics = SchedulerMetrics(config.mode)
         self.shadow = (
             NaiveShadow(config.workers, config.cache_rows)
@@ -127,9 +136,12 @@ class SchedulerServer(GrpcProcess):
 
     def start(self) -> None:
         super().start()
+        if self.config.worker_timeout > 0:
+            self.watchdog.start()
         log.info("config %s", asdict(self.config))
 
     def before_stop(self) -> None:
+        self.watchdog.stop()
         self.stopping.set()
         self.barrier.wake_all()
 

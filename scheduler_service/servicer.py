@@ -217,6 +217,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.GetStatusRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.SchedulerStatus:
         b = self.barrier
+        b.check_running()  # an aborted run answers ABORTED, with why
         next_batch = b.scheduler.next_iteration
         return scheduler_pb2.SchedulerStatus(
             num_workers=b.num_workers,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,9 +33,10 @@ class Command:
         2 for a bad command line or configuration (as argparse), ``failure_code`` otherwise."""
         try:
             return self.run(args)
-        except KeyboardInterrupt:
-            self._say(self.interrupted)
-            return 130
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (launcher.lifeline)
+            signum = int(getattr(exc, "signum", signal.SIGINT))
+            self._say(f"{self.interrupted} ({signal.Signals(signum).name})")
+            return 128 + signum
         except InvalidArgument as exc:
             self._say(str(exc))
             return USAGE_ERROR
@@ -118,6 +120,17 @@ def positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
     if not 0.0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value:g}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value:g}")
     return value
 
 

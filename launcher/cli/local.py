@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
 from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
-from launcher.cli.command import Command, at_least, fraction, names, positive
+from launcher.cli.command import Command, at_least, fraction, names, non_negative, positive
 from launcher.cli.data import add_data_arguments
 
 if TYPE_CHECKING:
@@ -112,6 +112,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cache-gb", type=positive, default=1.0, help="cached store: host cache per table, GiB"
     )
     p.add_argument(
+        "--worker-timeout",
+        type=non_negative,
+        default=60.0,
+        help="seconds a worker may stay silent (not report its iteration) before the run is "
+        "aborted with its name, and the scheduler may leave the launcher unanswered before "
+        "the run is given up (frozen); 0: wait forever. Set it above your slowest iteration",
+    )
+    p.add_argument(
         "--link-mbit",
         type=positive,
         default=None,
@@ -199,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from launcher.lifeline import stop_on_signals
     from launcher.local import run_local
     from launcher.preflight import check_cache, check_columns, data_name
     from launcher.progress import progress_display
@@ -240,11 +249,14 @@ def run(args: argparse.Namespace) -> int:
         f"{args.shards} {args.store} shards, cache {job.cache_rows:,} rows per worker, "
         f"{job.optimizer}, modes {', '.join(modes)}{network_line(args)}"
     )
-    with progress_display(console, modes, job.global_batch, args.progress_every) as display:
+    with (
+        stop_on_signals(),
+        progress_display(console, modes, job.global_batch, args.progress_every) as display,
+    ):
         results = run_local(
             job, modes, args.shards, train, held_out,
             Path(args.workdir) if args.workdir else None, display, args.store, args.cache_gb,
-            args.link_mbit, args.ps_link_mbit,
+            args.link_mbit, args.ps_link_mbit, args.worker_timeout,
         )  # fmt: skip
     if args.wide and not console.is_terminal:
         console.width = 200
@@ -275,5 +287,5 @@ COMMAND = Command(
     add_arguments=add_arguments,
     run=run,
     failure_code=1,
-    interrupted="interrupted; every process was stopped",
+    interrupted="interrupted; every process was stopped",  # Ctrl-C, SIGTERM, SIGHUP
 )

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from heraldps.modes import MAX_WORKERS
-from launcher.cli.command import Command, add_server_arguments, addresses, at_least
+from launcher.cli.command import (
+    Command,
+    add_server_arguments,
+    addresses,
+    at_least,
+    non_negative,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +42,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(saves about half the planning CPU; heraldps_scheduler_naive_rows_total disappears)",
     )
     p.add_argument(
+        "--worker-timeout",
+        type=non_negative,
+        default=60.0,
+        help="seconds a worker may stay silent (not report the iteration in progress, counted "
+        "from when the iteration could start or the worker last spoke) before the run is "
+        "aborted: every worker and status query then answers ABORTED naming it; 0: wait "
+        "forever. Set it above your slowest iteration",
+    )
+    p.add_argument(
         "--compress-plans",
         action="store_true",
         help="gzip the plan streams (plans carry the samples: about 2.3x smaller, for a few ms "
@@ -53,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         max_message_mb=args.max_message_mb, threads=args.threads,
         grace_seconds=args.grace_seconds, port_file=args.port_file,
         shadow_naive=not args.no_shadow_naive, compress_plans=args.compress_plans,
+        worker_timeout=args.worker_timeout,
     )  # fmt: skip
     return serve(config)
 
