@@ -1,0 +1,170 @@
+"""``heraldps local`` ends with every process it started, however it ends.
+
+Real launchers in subprocesses: stopped by SIGTERM, SIGHUP or SIGKILL, or left
+waiting by a frozen (SIGSTOPped) worker, shard or scheduler. Afterwards no
+process of the run is alive (each one's PID is in ``WORKDIR/MODE/NAME.pid``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+MODE = "naive"
+PROCESSES = ("ps-0", "ps-1", "scheduler", "worker-0", "worker-1")
+
+
+def alive(pid: int) -> bool:
+    """Running, stopped or sleeping; a zombie (dead, not yet reaped by init) is not alive."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def pids(workdir: Path) -> dict[str, int]:
+    return {
+        name: int((workdir / MODE / f"{name}.pid").read_text())
+        for name in PROCESSES
+        if (workdir / MODE / f"{name}.pid").exists()
+    }
+
+
+@contextlib.contextmanager
+def local_run(workdir: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
+    """A long ``heraldps local`` run (2 shards, 2 workers); whatever is left of it is
+    killed at the end, so a failing test leaves no process behind either."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "local", "--modes", MODE, "--workers", "2",
+         "--epochs", "60", "--workdir", str(workdir), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        for pid in pids(workdir).values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+
+
+def wait_training(workdir: Path, proc: subprocess.Popen[str], iterations: int = 3) -> None:
+    """Block until the scheduler has committed ``iterations`` (every process is up)."""
+    deadline = time.monotonic() + 120
+    port_file = workdir / MODE / "scheduler.port"
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        if port_file.exists() and port_file.read_text().split():
+            address = f"127.0.0.1:{port_file.read_text().split()[0]}"
+            with grpc.insecure_channel(address) as channel:
+                stub = scheduler_pb2_grpc.SchedulerStub(channel)
+                with contextlib.suppress(grpc.RpcError):
+                    status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=5)
+                    if status.committed_iteration + 1 >= iterations:
+                        assert set(pids(workdir)) == set(PROCESSES)
+                        return
+        time.sleep(0.2)
+    pytest.fail("the run did not start training in 120 s")
+
+
+def wait_all_gone(started: dict[str, int], seconds: float) -> float:
+    """Seconds until no process of ``started`` is alive; fails after ``seconds``."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        if not any(alive(pid) for pid in started.values()):
+            return time.monotonic() - began
+        time.sleep(0.05)
+    left = [name for name, pid in started.items() if alive(pid)]
+    pytest.fail(f"still alive {seconds:g} s later: {left}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_every_process(tmp_path: Path, signum: int) -> None:
+    with local_run(tmp_path) as proc:
+        wait_training(tmp_path, proc)
+        started = pids(tmp_path)
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        output, _ = proc.communicate(timeout=30)
+        print(f"{signal.Signals(signum).name}: launcher and cluster gone in "
+              f"{time.monotonic() - sent:.2f} s")  # fmt: skip
+        # The launcher stops its processes before it exits: nothing is left at all.
+        assert not [n for n, pid in started.items() if alive(pid)]
+        assert proc.returncode == 128 + signum, output
+        name = signal.Signals(signum).name
+        assert f"interrupted; every process was stopped ({name})" in output
+
+
+def test_sigkill_of_the_launcher_takes_every_process_with_it(tmp_path: Path) -> None:
+    with local_run(tmp_path) as proc:
+        wait_training(tmp_path, proc)
+        started = pids(tmp_path)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        print(f"SIGKILL: cluster gone in {wait_all_gone(started, 5):.2f} s")  # PDEATHSIG
+
+
+def test_a_frozen_worker_ends_the_run_naming_it(tmp_path: Path) -> None:
+    timeout = 3.0
+    with local_run(tmp_path, "--worker-timeout", str(timeout)) as proc:
+        wait_training(tmp_path, proc)
+        started = pids(tmp_path)
+        frozen = time.monotonic()
+        os.kill(started["worker-1"], signal.SIGSTOP)
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - frozen
+        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP")
+        assert proc.returncode == 1, output
+        assert "the scheduler aborted the run: worker 1 has not reported iteration" in output
+        assert "within 3 s (--worker-timeout)" in output
+        assert took < timeout + 10, took  # the abort, then the stop (SIGCONT + SIGTERM)
+        assert not [n for n, pid in started.items() if alive(pid)]
+
+
+def test_a_frozen_shard_ends_the_run(tmp_path: Path) -> None:
+    timeout = 3.0
+    with local_run(tmp_path, "--worker-timeout", str(timeout)) as proc:
+        wait_training(tmp_path, proc)
+        started = pids(tmp_path)
+        frozen = time.monotonic()
+        os.kill(started["ps-1"], signal.SIGSTOP)
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - frozen
+        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP")
+        assert proc.returncode == 1, output
+        assert "the scheduler aborted the run:" in output
+        # The workers wait on the frozen shard, or the commit does.
+        assert "not reported iteration" in output or "its commit on the PS" in output
+        assert took < timeout + 10, took
+        assert not [n for n, pid in started.items() if alive(pid)]
+
+
+def test_a_frozen_scheduler_ends_the_run(tmp_path: Path) -> None:
+    timeout = 3.0
+    with local_run(tmp_path, "--worker-timeout", str(timeout)) as proc:
+        wait_training(tmp_path, proc)
+        started = pids(tmp_path)
+        frozen = time.monotonic()
+        os.kill(started["scheduler"], signal.SIGSTOP)
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - frozen
+        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP")
+        assert proc.returncode == 1, output
+        assert "the scheduler has not answered for 3 s (--worker-timeout)" in output
+        assert took < timeout + 10, took
+        assert not [n for n, pid in started.items() if alive(pid)]
