@@ -25,6 +25,27 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+def keepalive_options(seconds: float) -> list[tuple[str, int]]:
+    """Client options that find a frozen server: ping it every ``seconds`` and drop the
+    connection (its calls fail UNAVAILABLE) when a ping goes unanswered as long, even
+    while a stream waits idle (a worker's plan stream during a long pause)."""
+    ms = max(1000, int(seconds * 1000))
+    return [
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.http2.ping_timeout_ms", ms),  # grpcio 1.85 times pings out by this one
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+# Servers accept those pings as often as every second, however long a stream idles
+# (gRPC's defaults answer a ping more often than every 5 minutes with GOAWAY).
+_PING_PERMISSIONS = [
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
 class GrpcProcess:
     """A gRPC server with health (SERVING once started), reflection and /metrics.
 
@@ -55,7 +76,7 @@ class GrpcProcess:
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-rpc"),
-            options=channel_options(max_message_bytes),
+            options=channel_options(max_message_bytes) + _PING_PERMISSIONS,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

@@ -10,7 +10,8 @@ workers reported (in mode ``herald_pipelined`` the worker reads its plans
 ahead and waits in ``ReportDone`` for the commit: :mod:`worker_client.pipeline`).
 A failed RPC (scheduler or shard unreachable after the
 client's retries) or a plan that contradicts the cache ends the process with
-a message and exit code 1, never a hang: every call has a deadline.
+a message and exit code 1, never a hang: every call has a deadline, and the
+plan stream (which has none) pings the scheduler, so a frozen one ends it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 from heraldps.client import PSClient
 from heraldps.errors import FailedPrecondition, HeraldError, Unavailable, error_from_rpc
 from heraldps.modes import HET_MODE, PIPELINED_MODE
-from heraldps.serving import channel_options
+from heraldps.serving import channel_options, keepalive_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.collective import AllReduce, Mailbox, serve_collective
 from worker_client.dense_sync import AllReduceDense, DenseSync
@@ -118,11 +119,18 @@ class DenseAllReduceSetup:
         self.server.stop(grace=1.0)
 
 
+def scheduler_options(config: WorkerConfig) -> list[tuple[str, int]]:
+    """The scheduler channel's options: large plans, and keepalive pings, so a frozen
+    scheduler fails the plan stream (which has no deadline) within about half of
+    ``--timeout-seconds`` instead of leaving the worker waiting forever."""
+    return channel_options(64 * 2**20) + keepalive_options(config.timeout_seconds / 4)
+
+
 def run_worker(config: WorkerConfig) -> int:
     """Train until the plan stream ends; 0 on success, 1 with a logged reason otherwise."""
     job = TrainingJob.load(config.job)
     xp = array_module(job.device)
-    channel = grpc.insecure_channel(config.scheduler, options=channel_options(64 * 2**20))
+    channel = grpc.insecure_channel(config.scheduler, options=scheduler_options(config))
     scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
     ps = PSClient(list(config.ps), timeout=config.timeout_seconds)
     history: list[dict[str, object]] = []

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import grpc
 import pytest
 
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
+from worker_client.worker import WorkerConfig, scheduler_options
 
 MODE = "naive"
 PROCESSES = ("ps-0", "ps-1", "scheduler", "worker-0", "worker-1")
@@ -168,3 +170,47 @@ def test_a_frozen_scheduler_ends_the_run(tmp_path: Path) -> None:
         assert "the scheduler has not answered for 3 s (--worker-timeout)" in output
         assert took < timeout + 10, took
         assert not [n for n, pid in started.items() if alive(pid)]
+
+
+def test_a_workers_plan_stream_fails_when_the_scheduler_freezes(tmp_path: Path) -> None:
+    """Deployed, no launcher watches: the worker's keepalive pings find the frozen
+    scheduler, while an idle stream to a live one stays open (the pings are allowed)."""
+    port_file = tmp_path / "scheduler.port"
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--workers", "1", "--cache-rows", "10", "--port-file", str(port_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().split()):
+            assert time.monotonic() < deadline and scheduler.poll() is None
+            time.sleep(0.1)
+        address = f"127.0.0.1:{port_file.read_text().split()[0]}"
+        config = WorkerConfig(job="", worker_id=0, scheduler=address, ps=(), timeout_seconds=4)
+        with grpc.insecure_channel(address, options=scheduler_options(config)) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=0), timeout=10)
+            ended: list[tuple[grpc.StatusCode, float]] = []
+
+            def watch() -> None:
+                try:
+                    list(stub.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=0)))
+                except grpc.RpcError as err:
+                    ended.append((err.code(), time.monotonic()))
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            time.sleep(4)  # about four pings to a live scheduler: answered, never refused
+            assert watcher.is_alive(), ended
+            frozen = time.monotonic()
+            scheduler.send_signal(signal.SIGSTOP)
+            watcher.join(timeout=15)
+            assert ended and ended[0][0] == grpc.StatusCode.UNAVAILABLE, ended
+            took = ended[0][1] - frozen
+            print(f"frozen scheduler: the plan stream failed after {took:.2f} s")
+            assert took < 4, took  # a ping interval and a ping timeout: 1 s + 1 s
+    finally:
+        scheduler.send_signal(signal.SIGKILL)
+        scheduler.send_signal(signal.SIGCONT)
+        scheduler.wait()
