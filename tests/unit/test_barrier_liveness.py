@@ -1,0 +1,91 @@
+"""The barrier's liveness rule (``Barrier.overdue``), on the pure core with explicit clocks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from heraldps.errors import Unavailable
+from scheduler_service.barrier import Barrier, RunAborted
+from scheduler_service.batch import Batch
+from scheduler_service.scheduler import make_scheduler
+
+WORKERS = 3
+
+
+def batch(t: int) -> Batch:
+    offsets = np.arange(0, 2 * WORKERS * 2 + 1, 2)
+    return Batch.from_arrays(t, offsets, np.arange(offsets[-1]) % 7, WORKERS)
+
+
+def started(commit: Callable[[int], None] | None = None) -> Barrier:
+    """Every worker registered; iteration 0's plans released (its clock runs)."""
+    barrier = Barrier(make_scheduler(WORKERS, 20, "herald"), commit or (lambda t: None))
+    for w in range(WORKERS):
+        barrier.register(w)
+    barrier.submit(batch(0))
+    barrier.submit(batch(1))
+    return barrier
+
+
+def test_no_clock_before_plans_and_none_for_unregistered_workers() -> None:
+    barrier = Barrier(make_scheduler(WORKERS, 20, "herald"), lambda t: None)
+    barrier.register(0)
+    barrier.submit(batch(0))  # planned, not released: waiting for batches is nobody's fault
+    assert barrier.overdue(1.0, time.monotonic() + 100) is None
+    barrier.submit(batch(1))
+    failure = barrier.overdue(1.0, time.monotonic() + 100)
+    assert failure is not None  # worker 0 registered and is silent; 1 and 2 never started
+    assert "worker 0 has not reported iteration 0 within 1 s" in failure.message
+
+
+def test_a_worker_that_spoke_later_gets_the_timeout_from_then() -> None:
+    barrier = started()
+    t0 = time.monotonic()
+    assert barrier.overdue(5.0, t0 + 4) is None
+    time.sleep(0.5)
+    barrier.next_plan(1, None, timeout=1)  # worker 1 picks up its plan: it spoke now
+    spoke = time.monotonic()
+    barrier.report_done(0, 0)
+    failure = barrier.overdue(5.0, spoke + 4.8)
+    assert failure is not None and "worker 2 has not reported" in failure.message
+    failure = barrier.overdue(5.0, spoke + 5.1)
+    assert failure is not None and "workers 1, 2 have not reported" in failure.message
+
+
+def test_a_stuck_commit_is_overdue_and_a_failed_one_aborts_every_later_call() -> None:
+    release = threading.Event()
+
+    def commit(t: int) -> None:
+        release.wait(10)
+        raise Unavailable("shard gone", address="127.0.0.1:1")
+
+    barrier = started(commit)
+    barrier.report_done(0, 0)
+    barrier.report_done(1, 0)
+    raised: list[BaseException] = []
+
+    def last() -> None:
+        try:
+            barrier.report_done(2, 0)
+        except RunAborted as exc:
+            raised.append(exc)
+
+    reporter = threading.Thread(target=last)
+    reporter.start()
+    time.sleep(0.1)
+    failure = barrier.overdue(2.0, time.monotonic() + 3)
+    assert failure is not None and "its commit on the PS has not finished" in failure.message
+    release.set()
+    reporter.join(10)
+    reason = "committing iteration 0 on the PS failed (127.0.0.1:1): UNAVAILABLE shard gone"
+    assert raised and reason in str(raised[0])
+    for call in (lambda: barrier.report_done(2, 0), lambda: barrier.next_plan(0, None, 1),
+                 lambda: barrier.submit(batch(2)), barrier.check_running):  # fmt: skip
+        with pytest.raises(RunAborted, match="committing iteration 0 on the PS failed"):
+            call()
+    assert barrier.overdue(2.0, time.monotonic() + 100) is None  # aborted once, not again
