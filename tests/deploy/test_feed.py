@@ -5,13 +5,17 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from heraldps.errors import HeraldError
 from heraldps.init import Zeros
 from heraldps.optim import SGD
+from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.feed import FeedConfig, FeedError, run_feed
 from scheduler_service.server import SchedulerConfig, SchedulerServer
 from tests.conftest import ClusterFactory
@@ -125,3 +129,35 @@ def test_cli_exit_code_and_message(job_file: Path, tmp_path: Path) -> None:
     result = subprocess.run(missing, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "heraldps feed:" in result.stderr and "nope.json" in result.stderr
+
+
+def test_a_run_aborted_by_a_silent_worker_fails_the_feed_with_the_reason(
+    cluster: ClusterFactory, job_file: Path
+) -> None:
+    """Both workers register, then never report (frozen): the scheduler aborts the run after
+    its --worker-timeout, and the feed ends at once with that reason, not after its own."""
+    servers, _ = cluster(num_shards=2)
+    ps = [f"127.0.0.1:{s.port}" for s in servers]
+    config = SchedulerConfig(
+        workers=2, cache_rows=2000, ps=tuple(ps), host="127.0.0.1", port=0, worker_timeout=1.0
+    )
+    server = SchedulerServer(config)
+    server.start()
+    address = f"127.0.0.1:{server.port}"
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            for w in range(2):
+                stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=w), timeout=5)
+        began = time.monotonic()
+        with pytest.raises((HeraldError, grpc.RpcError)) as caught:
+            _feed(job_file, address, ps, timeout=60)
+        assert time.monotonic() - began < 20
+        error = caught.value
+        code = error.code if isinstance(error, HeraldError) else error.code()
+        assert code == grpc.StatusCode.ABORTED
+        assert "workers 0, 1 have not reported iteration 0 within 1 s" in str(
+            error if isinstance(error, HeraldError) else error.details()
+        )
+    finally:
+        server.stop(grace=0)
