@@ -315,17 +315,18 @@ def _monitor(
     Returns when the first iteration was seen committed (None if never seen)."""
     first_commit: float | None = None
     unanswered_since: float | None = None
-    ask_timeout = min(5.0, worker_timeout) if worker_timeout > 0 else 5.0
+    ask_timeout = min(5.0, worker_timeout / 2) if worker_timeout > 0 else 5.0
     with grpc.insecure_channel(scheduler.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         while True:
+            asked = time.monotonic()
             try:
                 status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=ask_timeout)
                 unanswered_since = None
             except grpc.RpcError as err:
                 _raise_if_aborted(err, mode)
                 status = None
-                unanswered_since = unanswered_since or time.monotonic()
+                unanswered_since = unanswered_since or asked
                 if 0 < worker_timeout < time.monotonic() - unanswered_since:
                     raise ClusterError(
                         f"{mode}: the scheduler has not answered for {worker_timeout:g} s "

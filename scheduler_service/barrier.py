@@ -278,11 +278,16 @@ class Barrier:
             if silent:
                 names = ", ".join(str(w) for w in silent)
                 what = f"worker {names} has" if len(silent) == 1 else f"workers {names} have"
+                logs = (
+                    "the worker's log"
+                    if len(silent) == 1
+                    else "their logs: several at once may all wait on one frozen PS shard"
+                )
                 return RunAborted(
                     f"{what} not reported iteration {iteration} within {timeout:g} s "
                     "(--worker-timeout): frozen, hung, or cut off from the scheduler or the "
-                    "PS; the run is aborted (see the worker's log; restart the run from the "
-                    "last checkpoint)"
+                    f"PS; the run is aborted (see {logs}; restart the run from the last "
+                    "checkpoint)"
                 )
             committing = self._committing_since
             if committing is not None and now > committing + timeout:

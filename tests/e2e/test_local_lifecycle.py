@@ -24,7 +24,7 @@ from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.worker import WorkerConfig, scheduler_options
 
 MODE = "naive"
-PROCESSES = ("ps-0", "ps-1", "scheduler", "worker-0", "worker-1")
+PROCESSES = ("ps-0", "scheduler", "worker-0", "worker-1")
 
 
 def alive(pid: int) -> bool:
@@ -46,11 +46,11 @@ def pids(workdir: Path) -> dict[str, int]:
 
 @contextlib.contextmanager
 def local_run(workdir: Path, *extra: str) -> Iterator[subprocess.Popen[str]]:
-    """A long ``heraldps local`` run (2 shards, 2 workers); whatever is left of it is
+    """A long ``heraldps local`` run (1 shard, 2 workers); whatever is left of it is
     killed at the end, so a failing test leaves no process behind either."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", "local", "--modes", MODE, "--workers", "2",
-         "--epochs", "60", "--workdir", str(workdir), *extra],
+         "--shards", "1", "--epochs", "60", "--workdir", str(workdir), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -130,7 +130,7 @@ def test_a_frozen_worker_ends_the_run_naming_it(tmp_path: Path) -> None:
         os.kill(started["worker-1"], signal.SIGSTOP)
         output, _ = proc.communicate(timeout=60)
         took = time.monotonic() - frozen
-        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP")
+        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP:\n{output[-600:]}")
         assert proc.returncode == 1, output
         assert "the scheduler aborted the run: worker 1 has not reported iteration" in output
         assert "within 3 s (--worker-timeout)" in output
@@ -144,10 +144,10 @@ def test_a_frozen_shard_ends_the_run(tmp_path: Path) -> None:
         wait_training(tmp_path, proc)
         started = pids(tmp_path)
         frozen = time.monotonic()
-        os.kill(started["ps-1"], signal.SIGSTOP)
+        os.kill(started["ps-0"], signal.SIGSTOP)
         output, _ = proc.communicate(timeout=60)
         took = time.monotonic() - frozen
-        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP")
+        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP:\n{output[-600:]}")
         assert proc.returncode == 1, output
         assert "the scheduler aborted the run:" in output
         # The workers wait on the frozen shard, or the commit does.
@@ -165,7 +165,7 @@ def test_a_frozen_scheduler_ends_the_run(tmp_path: Path) -> None:
         os.kill(started["scheduler"], signal.SIGSTOP)
         output, _ = proc.communicate(timeout=60)
         took = time.monotonic() - frozen
-        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP")
+        print(f"frozen: the launcher ended {took:.2f} s after the SIGSTOP:\n{output[-600:]}")
         assert proc.returncode == 1, output
         assert "the scheduler has not answered for 3 s (--worker-timeout)" in output
         assert took < timeout + 10, took
