@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -51,7 +50,7 @@ def follow_launcher() -> None:
     if not owner.isdigit():
         return  # started by hand, by systemd or by Kubernetes: nothing to follow
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the C library Python itself runs on
         if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
             print(f"heraldps: prctl(PR_SET_PDEATHSIG) failed: errno {ctypes.get_errno()}",
                   file=sys.stderr)  # fmt: skip
