@@ -96,6 +96,10 @@ def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:
         (["--ps-link-mbit", "100"], "--ps-link-mbit sets the PS shards' links: add --link-mbit"),
         (["--link-mbit", "0"], "argument --link-mbit: must be a finite number > 0, got 0"),
         (
+            ["--worker-timeout", "-1"],
+            "argument --worker-timeout: must be a finite number >= 0, got -1",
+        ),
+        (
             ["--data", "CSV_NOHEADER", "--format", "csv"],
             "read as the header, is: 'u0,i0,0' (if that is data, add a header line",
         ),
