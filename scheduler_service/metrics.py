@@ -79,6 +79,12 @@ class SchedulerMetrics:
             "heraldps_scheduler_finished", "1 once the feeder called Finish (no more batches)",
             registry=r,
         )  # fmt: skip
+        self.aborted = Gauge(
+            "heraldps_scheduler_run_aborted",
+            "1 once the run was aborted (a worker silent past --worker-timeout, a failed or "
+            "stuck commit); the reason is in the scheduler's log and its ABORTED answers",
+            registry=r,
+        )  # fmt: skip
         self.final_flush = Gauge(
             "heraldps_scheduler_final_flush_rows", "Dirty rows left for the final flush",
             registry=r,

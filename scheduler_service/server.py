@@ -91,6 +91,7 @@ class SchedulerServer(GrpcProcess):
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
         self.watchdog = Watchdog(self.barrier, config.worker_timeout)
         self.metrics = SchedulerMetrics(config.mode)
+        self.metrics.aborted.set_function(lambda: float(self.barrier.failure is not None))
         self.shadow = (
             NaiveShadow(config.workers, config.cache_rows)
             if config.shadow_naive and config.mode != "naive"

@@ -83,8 +83,9 @@ def assert_aborted(call: Callable[[], object], *texts: str) -> None:
 
 
 def test_a_failed_commit_aborts_the_run_instead_of_wedging_it(cluster: ClusterFactory) -> None:
-    with scheduler_on_shards(cluster) as (_, stub, shards):
+    with scheduler_on_shards(cluster) as (server, stub, shards):
         start_iteration_0(stub)
+        assert server.metrics.registry.get_sample_value("heraldps_scheduler_run_aborted") == 0
         assert not report(stub, 0) and not report(stub, 1)
         dead = shards[1]
         dead.stop(grace=0)  # the commit's PS shard is gone
@@ -98,6 +99,8 @@ def test_a_failed_commit_aborts_the_run_instead_of_wedging_it(cluster: ClusterFa
         watch = scheduler_pb2.WatchPlansRequest(worker_id=0)
         assert_aborted(lambda: stub.WatchPlans(watch, timeout=5), reason)
         assert_aborted(lambda: submit(stub, 2), reason)
+        sample = server.metrics.registry.get_sample_value
+        assert sample("heraldps_scheduler_run_aborted") == 1
 
 
 def test_a_silent_worker_aborts_the_run_within_the_timeout(cluster: ClusterFactory) -> None:
