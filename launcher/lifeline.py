@@ -58,6 +58,13 @@ def follow_launcher() -> None:
         os._exit(1)
 
 
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    """A signal handler: ignore further stop signals, raise :class:`Stopped` (main thread)."""
+    for s in (*STOP_SIGNALS, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """While the block runs, SIGTERM and SIGHUP raise :class:`Stopped` in the main thread.
@@ -66,14 +73,9 @@ def stop_on_signals() -> Iterator[None]:
     stop short (the children die with the launcher anyway, see :func:`follow_launcher`).
     """
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        for s in (*STOP_SIGNALS, signal.SIGINT):
-            signal.signal(s, signal.SIG_IGN)
-        raise Stopped(signum)
-
     previous = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, signal.SIGINT)}
     for s in STOP_SIGNALS:
-        signal.signal(s, on_signal)
+        signal.signal(s, interrupt)
     try:
         yield
     finally:

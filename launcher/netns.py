@@ -39,6 +39,7 @@ from types import FrameType, TracebackType
 from heraldps.errors import InvalidArgument
 from launcher import iproute
 from launcher.iproute import NetworkError
+from launcher.lifeline import interrupt
 
 NAMESPACE_PREFIX = "heraldps-"
 LINK_PREFIX = "hps"
@@ -219,7 +220,7 @@ class ClusterNetwork:
 
     def _trap_sigterm(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
 
     def close(self) -> None:
         """Remove everything (idempotent), then let the reaper go."""
@@ -237,10 +238,6 @@ class ClusterNetwork:
                 except subprocess.TimeoutExpired:
                     self._reaper.kill()
                 self._reaper = None
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def free_subnet(in_use: list[str]) -> ipaddress.IPv4Network:
