@@ -125,10 +125,13 @@ def test_sigkill_of_the_launcher_takes_every_process_with_it(tmp_path: Path) -> 
     ("frozen", "causes"),
     [
         ("worker-1", ["the scheduler aborted the run: worker 1 has not reported iteration"]),
-        # The workers wait on the frozen shard, or the commit does.
+        # The workers that had not pushed yet wait on the frozen shard (one or both: the
+        # message names them), or the commit does.
         (
             "ps-0",
             [
+                "the scheduler aborted the run: worker 0 has not reported iteration",
+                "the scheduler aborted the run: worker 1 has not reported iteration",
                 "the scheduler aborted the run: workers 0, 1 have not reported iteration",
                 "the scheduler aborted the run: every worker reported iteration",
             ],
