@@ -106,9 +106,9 @@ def test_a_failed_commit_aborts_the_run_instead_of_wedging_it(cluster: ClusterFa
 def test_a_silent_worker_aborts_the_run_within_the_timeout(cluster: ClusterFactory) -> None:
     timeout = 1.0
     with scheduler_on_shards(cluster, worker_timeout=timeout) as (_, stub, _shards):
-        start_iteration_0(stub)
+        start_iteration_0(stub)  # worker 2 is the last to receive its plan: its clock starts
         began = time.monotonic()
-        assert not report(stub, 0) and not report(stub, 2)
+        assert not report(stub, 0) and not report(stub, 1)
         # A worker waiting for its next plan hears of the abort at once.
         outcome: list[grpc.RpcError] = []
 
@@ -127,8 +127,8 @@ def test_a_silent_worker_aborts_the_run_within_the_timeout(cluster: ClusterFacto
         waiter.join(timeout=10)
         took = time.monotonic() - began
         assert outcome and outcome[0].code() == grpc.StatusCode.ABORTED
-        reason = "worker 1 has not reported iteration 0 within 1 s (--worker-timeout)"
+        reason = "worker 2 has not reported iteration 0 within 1 s (--worker-timeout)"
         assert reason in outcome[0].details()
-        assert timeout < took < timeout + 2, took
+        assert timeout - 0.1 < took < timeout + 2, took  # checked every quarter timeout
         assert_aborted(lambda: stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=5), reason)
-        assert_aborted(lambda: report(stub, 1), reason)  # the late report is refused too
+        assert_aborted(lambda: report(stub, 2), reason)  # the late report is refused too
