@@ -58,9 +58,10 @@ def test_a_worker_that_spoke_later_gets_the_timeout_from_then() -> None:
 
 
 def test_a_stuck_commit_is_overdue_and_a_failed_one_aborts_every_later_call() -> None:
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     def commit(t: int) -> None:
+        entered.set()
         release.wait(10)
         raise Unavailable("shard gone", address="127.0.0.1:1")
 
@@ -77,7 +78,7 @@ def test_a_stuck_commit_is_overdue_and_a_failed_one_aborts_every_later_call() ->
 
     reporter = threading.Thread(target=last)
     reporter.start()
-    time.sleep(0.1)
+    assert entered.wait(10)
     failure = barrier.overdue(2.0, time.monotonic() + 3)
     assert failure is not None and "its commit on the PS has not finished" in failure.message
     release.set()
