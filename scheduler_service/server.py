@@ -12,6 +12,7 @@ from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier
+from scheduler_service.checkpointer import CheckpointConfig, Checkpointer
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
 from scheduler_service.servicer import SchedulerServicer
@@ -19,6 +20,7 @@ from scheduler_service.shadow import NaiveShadow
 
 log = logging.getLogger(__name__)
 
+RESUME_WAIT_SECONDS = 120.0  # for the shards to come up before a resume loads them
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
 
@@ -44,6 +46,7 @@ class SchedulerConfig:
     # (and not run) in mode naive, whose own counts are the baseline.
     shadow_naive: bool = True
     compress_plans: bool = False  # gzip WatchPlans (the samples travel in the plans)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         if self.mode not in SERVICE_MODES:
@@ -58,6 +61,8 @@ class SchedulerConfig:
                 f"--threads {self.threads} is too few for {self.workers} workers' {held}; "
                 f"use at least {self.min_threads}"
             )
+        if (self.checkpoints.every or self.checkpoints.resume_from) and not self.ps:
+            raise ValueError("--checkpoint-every and --resume-from need --ps (the shards)")
         if self.pipelined and self.max_backlog < 2:
             raise ValueError(
                 f"--mode {PIPELINED_MODE} releases plan t+1 while t trains, which needs "
@@ -79,8 +84,15 @@ class SchedulerServer(GrpcProcess):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.ps = PSClient(list(config.ps)) if config.ps else None
-        scheduler = make_scheduler(config.workers, config.cache_rows, config.mode)
+        scheduler = make_scheduler(
+            config.workers, config.cache_rows, config.mode, config.checkpoints.every
+        )
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
+        self.checkpointer = (
+            Checkpointer(config.checkpoints, self.ps, config.mode, config.workers)
+            if self.ps is not None
+            else None
+        )
         self.metrics = SchedulerMetrics(config.mode)
         self.shadow = (
             NaiveShadow(config.workers, config.cache_rows)
@@ -124,8 +136,23 @@ class SchedulerServer(GrpcProcess):
         if self.ps is not None:
             self.ps.commit(iteration)
         log.info("committed iteration %d", iteration)
+        if self.checkpointer is not None:  # before the next plans flow: nothing newer on the PS
+            self.checkpointer.after_commit(iteration, self.barrier.samples_through(iteration))
+
+    def resume(self) -> None:
+        """Load the checkpoint ``--resume-from`` names into the shards and start after it,
+        before serving: no worker sees a plan before the model is in place."""
+        if self.checkpointer is None or not self.config.checkpoints.resume_from:
+            return
+        assert self.ps is not None
+        self.ps.wait_ready(timeout=RESUME_WAIT_SECONDS)
+        manifest = self.checkpointer.resume()
+        if manifest is not None:
+            self.barrier.resume_at(manifest.iteration, manifest.samples_seen)
+            self.metrics.committed.set(manifest.iteration)
 
     def start(self) -> None:
+        self.resume()
         super().start()
         log.info("config %s", asdict(self.config))
 

@@ -74,11 +74,15 @@ class HETStep(Step):
             self._push_pending(over, t, traffic)
             traffic.bound_releases += over.shape[0]
             cache.evict(cache.keys_at(over))
-        self.push_dense(dense_grad, t, plan.final_flush)
+        self.push_dense(dense_grad, t, plan.stores_dense)
         if plan.final_flush:
             flushed = Traffic()
             self._push_pending(cache.dirty_slots(), t, flushed)
             traffic.final_flush += flushed.grad_pushes
+        elif plan.checkpoint:  # the PS must hold every update: push, then refetch later
+            dirty = cache.dirty_slots()
+            self._push_pending(dirty, t, traffic)
+            cache.evict(cache.keys_at(dirty))
         return traffic, loss
 
     def _push_pending(self, slots: npt.NDArray[np.int64], iteration: int, traffic: Traffic) -> None:
