@@ -60,6 +60,7 @@ class ManagedProcess:
         if namespace is not None:
             command = ["ip", "netns", "exec", namespace, *command]
         if self.port_file is not None:
+            self.port_file.unlink(missing_ok=True)  # an earlier run's: its ports are gone
             command += ["--port-file", str(self.port_file)]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(

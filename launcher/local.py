@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +30,7 @@ import numpy.typing as npt
 from heraldps import checkpoints
 from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset
+from heraldps.errors import HeraldError
 from heraldps.modes import HET_MODE
 from heraldps.serving import channel_options
 from heraldps.traffic import REPORTED
@@ -289,7 +291,10 @@ class _Attempt:
         self.network, self.recovery, self.attempt = network, recovery, attempt
         self.checkpoint_dir = checkpoint_dir
         self.resumed_at = -1  # the first batch this attempt feeds
-        self.first_commit: float | None = None
+        self.first_commit: float | None = None  # when an iteration past the resume committed
+
+    def _first_commit(self, when: float) -> None:
+        self.first_commit = when
 
     def _scheduler_flags(self) -> tuple[str, ...]:
         r = self.recovery
@@ -359,9 +364,9 @@ class _Attempt:
 
             feeder = threading.Thread(target=feed, name="feeder", daemon=True)
             feeder.start()
-            first_commit = self.first_commit = _monitor(
+            first_commit = _monitor(
                 scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress,
-                errors, after=start - 1,
+                errors, after=start - 1, on_first_commit=self._first_commit,
             )  # fmt: skip
             seconds = time.perf_counter() - started
             link_bytes = _link_delta(links_before, network.link_bytes() if network else {})
@@ -395,6 +400,12 @@ class _Attempt:
                 link_bytes=link_bytes,
                 model=kept,
             )
+        except (TimeoutError, grpc.RpcError, HeraldError) as exc:
+            if isinstance(exc, ClusterError):
+                raise
+            dead = [f"{p.name} (exit {p.proc.poll()})" for p in processes
+                    if p.proc.poll() not in (None, 0)]  # fmt: skip
+            raise ClusterError(f"{mode}: {exc}; exited: {', '.join(dead) or 'none'}") from exc
         finally:
             stop.set()
             for process in reversed(processes):
@@ -436,6 +447,7 @@ def _monitor(
     progress: Progress | None,
     errors: list[BaseException],
     after: int = -1,
+    on_first_commit: Callable[[float], None] | None = None,
 ) -> float | None:
     """Wait for every worker to exit 0; fail fast (with the log) when any process dies.
 
@@ -462,6 +474,8 @@ def _monitor(
                 status = None
             if status is not None and status.committed_iteration > after and first_commit is None:
                 first_commit = time.perf_counter()
+                if on_first_commit is not None:
+                    on_first_commit(first_commit)
             if progress is not None and status is not None:
                 r = status.reported
                 so_far = {

@@ -138,7 +138,7 @@ def test_killed_processes_resume_to_the_uninterrupted_model(tmp_path: Path) -> N
     result = run_mode(job, "herald", 2, train, None, tmp_path, keep_model=True,
                       recovery=Recovery(checkpoint_every=4, max_restarts=len(kinds)))  # fmt: skip
     killer.thread.join(timeout=5)
-    assert [k[0] for k in killer.killed] == kinds, killer.killed
+    assert [k[0] for k in killer.killed] == kinds, (killer.killed, result.restarts)
     assert len(result.restarts) == len(kinds), result.restarts
     for restart, (_, seen, _) in zip(result.restarts, killer.killed, strict=True):
         # Resumed at the batch after the newest checkpoint at or before the kill.
