@@ -27,7 +27,7 @@ from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.cluster import ClusterError
 from launcher.local import Recovery, run_mode
 from ps_server.snapshot import read_for_shard
-from tests.e2e.test_local_training import ITERATIONS, small_job
+from tests.e2e.test_local_training import small_job
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE
 from worker_client.reference import ReferenceTrainer
 
