@@ -541,14 +541,17 @@ def run_local(
     cache_gb: float = 1.0,
     link_mbit: float | None = None,
     ps_link_mbit: float | None = None,
+    recovery: Recovery | None = None,
 ) -> dict[str, ModeResult]:
     """Every mode on its own fresh cluster, same batches and model; results by mode.
 
     Without ``workdir`` the logs live in a temporary directory that is removed at the
     end, so a failure's message says so instead of naming a file that no longer exists.
     With ``link_mbit`` every process runs behind its own link of that rate (PS shards:
-    ``ps_link_mbit``) on one emulated network, built once for all modes.
+    ``ps_link_mbit``) on one emulated network, built once for all modes. ``recovery``:
+    checkpoints and restarts; its ``checkpoint_dir`` gets one folder per mode.
     """
+    recovery = recovery or Recovery()
     results = {}
     network: contextlib.AbstractContextManager[ClusterNetwork | None] = contextlib.nullcontext()
     if link_mbit is not None:
@@ -560,7 +563,7 @@ def run_local(
                 results[mode] = run_mode(
                     job if mode == HET_MODE else replace(job, staleness=0),
                     mode, shards, train, eval_data, root / mode, progress, store=store,
-                    cache_gb=cache_gb, network=net,
+                    cache_gb=cache_gb, network=net, recovery=_for_mode(recovery, mode),
                 )  # fmt: skip
             except ClusterError as exc:
                 if workdir is not None:
@@ -572,3 +575,10 @@ def run_local(
             if progress is not None:
                 progress.done(mode, results[mode])
     return results
+
+
+def _for_mode(recovery: Recovery, mode: str) -> Recovery:
+    """Each mode checkpoints into its own folder of ``--checkpoint-dir``."""
+    if recovery.checkpoint_dir is None:
+        return recovery
+    return replace(recovery, checkpoint_dir=recovery.checkpoint_dir / mode)
