@@ -171,6 +171,19 @@ def test_snapshots_component(kubectl: str, tmp_path: Path) -> None:
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["snapshots"] == "/snapshots"
     assert mounts["data"] == "/var/lib/heraldps"  # the shard's own volume is still there
+    # The scheduler checkpoints onto the same claim and resumes from it on a restart.
+    scheduler = build.get("Deployment", "heraldps-scheduler")["spec"]["template"]["spec"]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+              for v in scheduler["volumes"] if "persistentVolumeClaim" in v}  # fmt: skip
+    assert claims == {"snapshots": claim["metadata"]["name"]}
+    (container,) = scheduler["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HERALDPS_CHECKPOINT_DIR"] == env["HERALDPS_RESUME_FROM"] == "/snapshots/checkpoints"
+    assert int(env["HERALDPS_CHECKPOINT_EVERY"]) > 0
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}[
+        "snapshots"
+    ] == "/snapshots"
+    assert container["startupProbe"]["failureThreshold"] * 10 >= 600  # a long load is no crash
 
 
 # --- the job file ---------------------------------------------------------------------------
