@@ -240,3 +240,18 @@ def test_grafana_finds_its_dashboards_and_prometheus() -> None:
     )["datasources"]
     assert [s["url"] for s in sources] == ["http://prometheus:9090"]
     assert "127.0.0.1:9090:9090" in COMPOSE["services"]["prometheus"]["ports"]
+
+
+def test_checkpoints_are_on_a_volume_every_shard_writes() -> None:
+    """The scheduler's checkpoints are Saves: every shard writes its part into the same
+    folder, so it is one named volume mounted at the same path by the scheduler and every
+    shard; the scheduler resumes from the same folder when it is recreated."""
+    scheduler = env("scheduler")
+    folder = scheduler["HERALDPS_CHECKPOINT_DIR"]
+    assert scheduler["HERALDPS_RESUME_FROM"] == folder
+    assert int(scheduler["HERALDPS_CHECKPOINT_EVERY"]) > 0
+    for name in SERVICES:
+        if role(name) in ("ps", "scheduler"):
+            sources = [s for s, t in mounts(SERVICES[name]) if t == folder]
+            assert sources == ["checkpoints"], name
+    assert "checkpoints" in COMPOSE["volumes"]
