@@ -99,6 +99,7 @@ def main() -> None:
                 "vs_baseline": seconds / base_seconds,
                 "samples_per_second": result.samples_per_second,
                 "rate_vs_baseline": result.samples_per_second / base_rate,
+                "iteration_ms_median": 1000 * result.report()["iteration_seconds_median"],
                 "checkpoint_seconds_median": statistics.median(cost) if cost else None,
                 "checkpoint_rows": found[-1][1].rows if found else None,
                 "resumed_at": [r.resumed_at for r in result.restarts],
@@ -106,13 +107,15 @@ def main() -> None:
             })  # fmt: skip
     print(f"herald, {args.iterations} iterations, 4 workers x 128, 2 shards, "
           f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()})\n")  # fmt: skip
-    print("| run | wall s | vs baseline | samples/s | vs baseline | one checkpoint s | resume s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | wall s | vs baseline | samples/s | vs baseline | median iteration ms "
+          "| one checkpoint s | resume s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         ckpt = r["checkpoint_seconds_median"]
         resume = ", ".join(f"{s:.1f}" for s in r["seconds_to_resume"]) or "-"  # type: ignore[attr-defined]
         print(f"| {r['run']} | {r['seconds']:.1f} | {r['vs_baseline']:.2f} | "
               f"{r['samples_per_second']:,.0f} | {r['rate_vs_baseline']:.2f} | "
+              f"{r['iteration_ms_median']:.0f} | "
               f"{'-' if ckpt is None else f'{ckpt:.3f}'} | {resume} |")  # fmt: skip
     OUTPUT.write_text(json.dumps({"iterations": args.iterations, "rows": rows}, indent=2))
     print(f"\nJSON: {OUTPUT}")
