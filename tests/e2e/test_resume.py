@@ -110,12 +110,21 @@ class Killer:
         except (OSError, IndexError, grpc.RpcError):
             return -1
 
+    def _port(self) -> str:
+        try:
+            return (self.workdir / "scheduler.port").read_text()
+        except OSError:
+            return ""
+
     def _run(self) -> None:
         deadline = time.monotonic() + 240
+        killed_under = ""  # the scheduler (port file) of the last kill: wait for a new one
         for name, iteration in self.victims:
             while time.monotonic() < deadline:
-                committed = self._committed()
+                port = self._port()
+                committed = self._committed() if port and port != killed_under else -1
                 if committed >= iteration:
+                    killed_under = port
                     pid = int((self.workdir / f"{name}.pid").read_text())
                     os.kill(pid, signal.SIGKILL)
                     self.killed.append((name, committed, pid))
@@ -141,8 +150,9 @@ def test_killed_processes_resume_to_the_uninterrupted_model(tmp_path: Path) -> N
     assert [k[0] for k in killer.killed] == kinds, (killer.killed, result.restarts)
     assert len(result.restarts) == len(kinds), result.restarts
     for restart, (_, seen, _) in zip(result.restarts, killer.killed, strict=True):
-        # Resumed at the batch after the newest checkpoint at or before the kill.
-        assert restart.resumed_at == (seen + 1) // 4 * 4, (restart, seen)
+        # Resumed at the batch after the newest checkpoint at or before the kill (one more
+        # iteration may commit between the test's look and its kill).
+        assert (seen + 1) // 4 * 4 <= restart.resumed_at <= (seen + 2) // 4 * 4, (restart, seen)
         assert restart.seconds_to_resume > 0
     reference = ReferenceTrainer(job)
     reference.train(train)
