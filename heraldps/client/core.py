@@ -22,6 +22,7 @@ import numpy.typing as npt
 from heraldps import wire
 from heraldps.client import rpc
 from heraldps.client.routing import Index, as_counts, as_keys, as_rows, count, plan_requests
+from heraldps.security import PLAIN, ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import ps_pb2, ps_pb2_grpc
 
@@ -45,7 +46,9 @@ class ShardClient:
         timeout: float = 120.0,
         retries: int = 5,
         backoff_seconds: float = 0.05,
+        security: ClientSecurity = PLAIN,
     ) -> None:
+        """``security``: TLS files and the bearer token to present (docs/security.md)."""
         if not addresses:
             raise ValueError("PSClient needs at least one shard address, e.g. ['127.0.0.1:7001']")
         self.addresses = list(addresses)
@@ -55,7 +58,7 @@ class ShardClient:
         self.backoff_seconds = backoff_seconds
         self._policy = rpc.RetryPolicy(retries, backoff_seconds)
         options = channel_options(self.max_message_bytes)
-        self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
+        self._channels = [open_channel(a, options, security) for a in self.addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         # Pull answers arrive as raw bytes and are decoded straight into NumPy
         # (wire.decode_message): two fewer copies of the bulk payload.
