@@ -28,7 +28,9 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", *args]
 
 
-def _start(name: str, args: list[str], env: dict[str, str], workdir: Path) -> subprocess.Popen[bytes]:
+def _start(
+    name: str, args: list[str], env: dict[str, str], workdir: Path
+) -> subprocess.Popen[bytes]:
     log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(_command(*args), stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -80,15 +82,12 @@ def test_cluster_trains_over_mutual_tls_with_tokens(tmp_path: Path) -> None:
         health = subprocess.run(_command("health", scheduler), env=base, capture_output=True,
                                 text=True, timeout=60)  # fmt: skip
         assert health.returncode == 0, health.stderr
-        workers = [
-            _start(
-                f"worker{w}",
-                ["worker", "--job", str(job), "--worker-id", str(w), "--scheduler", scheduler,
-                 "--ps", ps, "--timeout-seconds", "60"],
-                {**base, "HERALDPS_TOKEN_FILE": str(worker)}, tmp_path,
-            )  # fmt: skip
-            for w in range(2)
-        ]
+        worker_env = {**base, "HERALDPS_TOKEN_FILE": str(worker)}
+        workers = []
+        for w in range(2):
+            args = ["worker", "--job", str(job), "--worker-id", str(w), "--scheduler",
+                    scheduler, "--ps", ps, "--timeout-seconds", "60"]  # fmt: skip
+            workers.append(_start(f"worker{w}", args, worker_env, tmp_path))
         procs.extend(workers)
         feed = subprocess.run(
             _command("feed", "--job", str(job), "--scheduler", scheduler, "--ps", ps,

@@ -106,7 +106,7 @@ def test_mutual_tls_refuses_clients_without_a_certificate_of_its_ca(pki: Pki) ->
 
 def test_a_missing_tls_file_fails_the_start_naming_the_flag(pki: Pki, tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.pem")
-    with pytest.raises(ValueError, match="--tls-key .*nope.pem.* cannot be read"):
+    with pytest.raises(ValueError, match=r"--tls-key .*nope\.pem.* cannot be read"):
         PSServer(PSConfig(port=0, security=ServerSecurity(tls(pki.server_cert, missing))))
     with pytest.raises(ValueError, match="--tls-cert and --tls-key go together"):
         TlsFiles(cert=pki.server_cert)
@@ -167,12 +167,10 @@ def test_token_files_are_checked_at_start(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def scheduler(security: ServerSecurity, workers: int = 2) -> Iterator[SchedulerServer]:
-    server = SchedulerServer(
-        SchedulerConfig(
-            workers=workers, cache_rows=10, mode="naive", port=0, grace_seconds=0,
-            security=security,
-        )  # fmt: skip
+    config = SchedulerConfig(
+        workers=workers, cache_rows=10, mode="naive", port=0, grace_seconds=0, security=security
     )
+    server = SchedulerServer(config)
     server.start()
     try:
         yield server
@@ -237,7 +235,8 @@ def test_scheduler_refuses_foreign_finish_and_forged_reports(
             grpc.StatusCode.PERMISSION_DENIED
         )
         # With the right session the call reaches the barrier (no batch yet: its own error).
-        code, _ = code_of(lambda: worker.ReportDone(report, metadata=((SESSION_METADATA_KEY, fresh),)))
+        mine = ((SESSION_METADATA_KEY, fresh),)
+        code, _ = code_of(lambda: worker.ReportDone(report, metadata=mine))
         assert code == grpc.StatusCode.FAILED_PRECONDITION
         assert admin.Finish(scheduler_pb2.FinishRequest()).final_flush == 0
         assert admin.GetStatus(status).finished
@@ -311,14 +310,16 @@ def test_servers_bind_loopback_by_default_and_metrics_follow_the_host() -> None:
 def test_reflection_can_be_switched_off() -> None:
     request = reflection_pb2.ServerReflectionRequest(list_services="")
     for reflect, expected in ((True, None), (False, grpc.StatusCode.UNIMPLEMENTED)):
-        with shard(security=ServerSecurity(reflection=reflect)) as server:
-            with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                info = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo
-                try:
-                    answer = next(iter(info(iter([request]), timeout=5)))
-                    got = None
-                    names = [s.name for s in answer.list_services_response.service]
-                    assert "heraldps.v1.ParameterServer" in names
-                except grpc.RpcError as err:
-                    got = err.code()
-                assert got == expected
+        with (
+            shard(security=ServerSecurity(reflection=reflect)) as server,
+            grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+        ):
+            info = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo
+            try:
+                answer = next(iter(info(iter([request]), timeout=5)))
+                got = None
+                names = [s.name for s in answer.list_services_response.service]
+                assert "heraldps.v1.ParameterServer" in names
+            except grpc.RpcError as err:
+                got = err.code()
+            assert got == expected
