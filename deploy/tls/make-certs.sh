@@ -3,7 +3,8 @@
 # two role tokens, in the directory given (default: this script's directory):
 #   bash deploy/tls/make-certs.sh [DIR]
 # ca.crt/ca.key      the CA every process trusts (keep ca.key off the cluster)
-# heraldps.crt/.key  a certificate for the names ps-0, ps-1, scheduler, worker-0, worker-1,
+# heraldps.crt/.key  a certificate for the names heraldps (what the Kubernetes component
+#                    checks), ps-0, ps-1, scheduler, worker-0, worker-1,
 #                    feed, localhost and 127.0.0.1, usable as server and as client certificate
 # admin.token        the operator's and the scheduler's token (Save, Load, Commit, ...)
 # worker.token       the workers' token (training RPCs only)
@@ -14,7 +15,7 @@ set -euo pipefail
 out=${1:-$(dirname "$0")}
 mkdir -p "$out"
 cd "$out"
-names=${HERALDPS_CERT_NAMES:-DNS:ps-0,DNS:ps-1,DNS:scheduler,DNS:worker-0,DNS:worker-1,DNS:feed,DNS:localhost,IP:127.0.0.1}
+names=${HERALDPS_CERT_NAMES:-DNS:heraldps,DNS:ps-0,DNS:ps-1,DNS:scheduler,DNS:worker-0,DNS:worker-1,DNS:feed,DNS:localhost,IP:127.0.0.1}
 curve=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
 openssl req -x509 "${curve[@]}" -keyout ca.key -out ca.crt -days 365 -subj /CN=heraldps-ca \
   -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \

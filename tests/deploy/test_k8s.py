@@ -175,6 +175,40 @@ def test_snapshots_component(kubectl: str, tmp_path: Path) -> None:
     assert env["HERALDPS_SNAPSHOT_ROOT"] == "/snapshots"  # Save and Load land on the claim
 
 
+def test_tls_component(kubectl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pod mounts the TLS Secret and says so in HERALDPS_TLS_*; servers accept both
+    tokens, workers hold only theirs; the servers' probes become exec `heraldps health`."""
+    build = with_component(kubectl, tmp_path, "tls")
+    code, lines = validate(build.yaml_text, tmp_path)
+    problems = [line for line in lines if not line.startswith("INFO")]
+    assert code == 0 and not problems, "\n".join(problems)
+    tokens_of = {"ps": None, "scheduler": None, "worker": ["worker.token"], "feed": ["admin.token"]}
+    for workload in build.workloads():
+        pod = workload["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        role = container["args"][0]
+        env = build.env(container, {POD_INDEX: "0", COMPLETION_INDEX: "0", POD_IP: "10.0.0.7"})
+        args = parse_in_pod(monkeypatch, env, role)
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "heraldps-tls"
+        for path in (args.tls_cert, args.tls_key, args.tls_ca):
+            assert path.startswith(mounts["tls"] + "/"), (role, path)
+        items = volumes["tokens"]["secret"].get("items")
+        assert ([i["key"] for i in items] if items else None) == tokens_of[role], role
+        if role in ("ps", "scheduler"):
+            assert args.admin_token_file and args.worker_token_file
+            port = int(env["HERALDPS_PORT"])
+            for probe in ("readinessProbe", "livenessProbe"):
+                command = container[probe]["exec"]["command"]
+                assert command[:2] == ["heraldps", "health"] and command[-1] == f"127.0.0.1:{port}"
+                assert "grpc" not in container[probe]
+        if role != "ps":
+            expected = "admin.token" if role in ("scheduler", "feed") else "worker.token"
+            assert args.token_file == f"{mounts['tokens']}/{expected}", role
+            assert args.tls_server_name == "heraldps"
+
+
 # --- the job file ---------------------------------------------------------------------------
 
 
