@@ -172,7 +172,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if request.steps:
             steps = wire.decode_counts(request.steps, keys.shape[0], "steps")
             check_steps(steps)
-        applied = self.store.push(table.name, request.iteration, keys, grads, steps)
+        if request.worker < 0:
+            raise InvalidArgument(
+                f"push: worker is {request.worker}; send the pushing worker's id (>= 0), "
+                "or leave it 0"
+            )
+        applied = self.store.push(table.name, request.iteration, keys, grads, steps,
+                                  request.worker)  # fmt: skip
         self.metrics.pushed.labels(self.metrics.shard, table.name).inc(keys.shape[0])
         self._observe_size(table)
         return ps_pb2.PushGradientsResponse(rows=keys.shape[0], applied=applied)

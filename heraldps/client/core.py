@@ -211,11 +211,14 @@ class ShardClient:
         grads: npt.ArrayLike,
         iteration: int,
         steps: npt.ArrayLike | None = None,
+        worker: int = 0,
     ) -> None:
         """Add ``grads [n, dim]`` to iteration ``iteration``'s buffer (duplicates summed).
         ``steps [n]`` (optional): optimizer steps each row stands for, applied as that many
-        steps of ``grads / steps`` (see ``PushGradientsRequest.steps``)."""
-        rpc.wait(self.push_gradients_async(table, keys, grads, iteration, steps))
+        steps of ``grads / steps`` (see ``PushGradientsRequest.steps``). ``worker``: the
+        pushing worker's id; the PS adds workers' sums in worker order, so reruns of a job
+        give the same bits (``PushGradientsRequest.worker``)."""
+        rpc.wait(self.push_gradients_async(table, keys, grads, iteration, steps, worker))
 
     @rpc.reports_errors
     def push_gradients_async(
@@ -225,6 +228,7 @@ class ShardClient:
         grads: npt.ArrayLike,
         iteration: int,
         steps: npt.ArrayLike | None = None,
+        worker: int = 0,
     ) -> Future[None]:
         """``push_gradients`` without waiting; the future resolves to None or the error."""
         keys = as_keys(keys)
@@ -237,6 +241,7 @@ class ShardClient:
                 table=table, iteration=iteration, keys=wire.encode_keys(keys[index]),
                 grads=wire.encode_floats(grads[index]),
                 steps=b"" if counts is None else wire.encode_counts(counts[index]),
+                worker=worker,
             )  # fmt: skip
 
         row_bytes = 8 + 4 * dim + (0 if counts is None else 4)
