@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+
+from heraldps.errors import HeraldError, PermissionDenied, Unauthenticated, to_rpc_status
+
+log = logging.getLogger(__name__)
 
 ADMIN = "admin"
 WORKER = "worker"
@@ -96,13 +102,36 @@ def _bearer(metadata: Any) -> str | None:
     return None
 
 
+class _RefusalLog:
+    """Logs a refusal once per caller host, method and reason, not once per call: a
+    client without a token would otherwise flood the log. Bounded, so it cannot grow
+    forever."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def note(self, peer: str, error: HeraldError) -> None:
+        host = peer.rpartition(":")[0] or peer  # "ipv4:10.0.0.7:51234": any port of that host
+        key = (host, str(error))  # the message names the method and the reason
+        with self._lock:
+            if key in self._seen or len(self._seen) >= self.LIMIT:
+                return
+            self._seen.add(key)
+        log.warning("refused a call from %s: %s (logged once per host and method)", host, error)
+
+
 def _refusal(
-    handler: grpc.RpcMethodHandler[Any, Any], code: grpc.StatusCode, message: str
+    handler: grpc.RpcMethodHandler[Any, Any], error: HeraldError, refusals: _RefusalLog
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler of the same shape as ``handler`` that only answers ``code``."""
+    """A handler of the same shape as ``handler`` that only answers ``error``, with the
+    same ``ErrorInfo`` as every other heraldps error (``PSClient`` raises its class)."""
 
     def refuse(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(code, message)
+        refusals.note(context.peer(), error)
+        context.abort_with_status(to_rpc_status(error))
 
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(
@@ -131,6 +160,7 @@ class RoleCheck(grpc.ServerInterceptor):
     def __init__(self, tokens: Tokens, admin_methods: Collection[str]) -> None:
         self.tokens = tokens
         self.admin_methods = frozenset(admin_methods)
+        self.refusals = _RefusalLog()
 
     def intercept_service(
         self,
@@ -142,28 +172,22 @@ class RoleCheck(grpc.ServerInterceptor):
         if handler is None or method.startswith(OPEN_SERVICES):
             return handler
         presented = _bearer(details.invocation_metadata)
+        error: HeraldError | None = None
         if presented is None:
-            return _refusal(
-                handler,
-                grpc.StatusCode.UNAUTHENTICATED,
+            error = Unauthenticated(
                 f"{method} needs a token: send 'authorization: Bearer <token>' metadata "
-                "(heraldps commands: --token-file)",
+                "(heraldps commands: --token-file)"
             )
-        role = self.tokens.role_of(presented)
-        if role is None:
-            return _refusal(
-                handler,
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"{method}: the token is not one this server accepts; check --token-file",
+        elif (role := self.tokens.role_of(presented)) is None:
+            error = Unauthenticated(
+                f"{method}: the token is not one this server accepts; check --token-file"
             )
-        if role != ADMIN and method in self.admin_methods:
-            return _refusal(
-                handler,
-                grpc.StatusCode.PERMISSION_DENIED,
+        elif role != ADMIN and method in self.admin_methods:
+            error = PermissionDenied(
                 f"{method} needs the admin role; a worker token may only train "
-                "(use the operator's admin token)",
+                "(use the operator's admin token)"
             )
-        return handler
+        return handler if error is None else _refusal(handler, error, self.refusals)
 
 
 class BearerToken(

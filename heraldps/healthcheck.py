@@ -47,7 +47,10 @@ def check(
 def _explain(err: grpc.RpcError, service: str, timeout: float) -> str:
     error = error_from_rpc(err)
     if isinstance(error, Unavailable):
-        return f"not reachable ({error.message}); is the process running and listening there?"
+        return (
+            f"not reachable ({error.message}); is the process running and listening there, "
+            "and does it serve TLS (then give --tls-ca, and for mutual TLS --tls-cert/--tls-key)?"
+        )
     if isinstance(error, DeadlineExceeded):
         return f"no answer within {timeout:g} s; raise --timeout or check the process"
     if isinstance(error, NotFound):

@@ -115,9 +115,12 @@ def test_a_missing_tls_file_fails_the_start_naming_the_flag(pki: Pki, tmp_path: 
 # ----- roles -----------------------------------------------------------------------------
 
 
-def test_roles_on_the_ps(token_files: tuple[str, str], tmp_path: Path) -> None:
+def test_roles_on_the_ps(
+    token_files: tuple[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Worker token: training RPCs only; admin token: everything; no or a wrong token:
-    nothing but health; a refused write leaves the rows as they were."""
+    nothing but health; a refused write leaves the rows as they were; the shard logs a
+    refusal once per caller host, method and reason, not once per call."""
     admin_file, worker_file = token_files
     security = ServerSecurity(admin_token_file=admin_file, worker_token_file=worker_file)
     with shard(security=security, snapshot_root=str(tmp_path / "snaps")) as server:
@@ -147,6 +150,13 @@ def test_roles_on_the_ps(token_files: tuple[str, str], tmp_path: Path) -> None:
                     "emb", keys, np.full((2, 2), 9.0, np.float32), None, versions, versions + 5
                 )
         assert np.array_equal(worker.pull("emb", keys)[0], before)  # nothing written
+        for _ in range(3):
+            with pytest.raises(Unauthenticated):
+                nobody.pull("emb", keys)
+        logged = [r.getMessage() for r in caplog.records if r.name == "heraldps.auth"]
+        assert any("needs a token" in m for m in logged), logged
+        assert any("not one this server accepts" in m for m in logged), logged
+        assert len(logged) == len(set(logged)), logged  # each refusal once, not per call
         assert admin.commit(0) == 2
         assert admin.save("s1") == 2
         assert check(f"127.0.0.1:{server.port}").serving  # probes need no token
