@@ -127,27 +127,20 @@ def _refusal(
     handler: grpc.RpcMethodHandler[Any, Any], error: HeraldError, refusals: _RefusalLog
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same shape as ``handler`` that only answers ``error``, with the
-    same ``ErrorInfo`` as every other heraldps error (``PSClient`` raises its class)."""
+    same ``ErrorInfo`` as every other heraldps error (``PSClient`` raises its class). It
+    never parses the request: a refused caller's bytes are not worth decoding."""
 
     def refuse(request: Any, context: grpc.ServicerContext) -> Any:
         refusals.note(context.peer(), error)
         context.abort_with_status(to_rpc_status(error))
 
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(
-            refuse, handler.request_deserializer, handler.response_serializer
-        )
+        return grpc.unary_stream_rpc_method_handler(refuse, None, handler.response_serializer)
     if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(
-            refuse, handler.request_deserializer, handler.response_serializer
-        )
+        return grpc.unary_unary_rpc_method_handler(refuse, None, handler.response_serializer)
     if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(
-            refuse, handler.request_deserializer, handler.response_serializer
-        )
-    return grpc.stream_stream_rpc_method_handler(
-        refuse, handler.request_deserializer, handler.response_serializer
-    )
+        return grpc.stream_unary_rpc_method_handler(refuse, None, handler.response_serializer)
+    return grpc.stream_stream_rpc_method_handler(refuse, None, handler.response_serializer)
 
 
 class RoleCheck(grpc.ServerInterceptor):
