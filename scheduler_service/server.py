@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from heraldps.client import PSClient
 from heraldps.modes import PIPELINED_MODE
+from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 
 RESUME_WAIT_SECONDS = 120.0  # for the shards to come up before a resume loads them
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+# Feeding batches and ending the run are the operator's (the feed's); workers have the rest.
+ADMIN_METHODS = tuple(f"/{SERVICE_NAME}/{m}" for m in ("SubmitBatch", "Finish"))
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class SchedulerConfig:
     mode: str = "herald"
     table: str = "emb"
     ps: tuple[str, ...] = field(default_factory=tuple)
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly
     port: int = 7100
     metrics_port: int | None = None
     max_backlog: int = 4
@@ -47,6 +50,9 @@ class SchedulerConfig:
     shadow_naive: bool = True
     compress_plans: bool = False  # gzip WatchPlans (the samples travel in the plans)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    security: ServerSecurity = field(default_factory=ServerSecurity)
+    # What the scheduler presents to the PS shards; it commits, so it needs the admin token.
+    ps_security: ClientSecurity = field(default_factory=ClientSecurity)
 
     def __post_init__(self) -> None:
         if self.mode not in SERVICE_MODES:
@@ -83,7 +89,8 @@ class SchedulerConfig:
 class SchedulerServer(GrpcProcess):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.ps = PSClient(list(config.ps)) if config.ps else None
+        config.security.check()
+        self.ps = PSClient(list(config.ps), security=config.ps_security) if config.ps else None
         scheduler = make_scheduler(
             config.workers, config.cache_rows, config.mode, config.checkpoints.every
         )
@@ -108,6 +115,7 @@ class SchedulerServer(GrpcProcess):
             self.stopping,
             self.shadow,
             compress_plans=config.compress_plans,
+            sessions=config.security.tokens().enabled,
         )
         super().__init__(
             name="scheduler",
@@ -120,6 +128,8 @@ class SchedulerServer(GrpcProcess):
             metrics_port=config.metrics_port,
             port_file=config.port_file,
             grace_seconds=config.grace_seconds,
+            security=config.security,
+            admin_methods=ADMIN_METHODS,
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
 

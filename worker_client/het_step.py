@@ -63,7 +63,8 @@ class HETStep(Step):
         loss, emb_grad, dense_grad = self.train(mb, slots)
         if s == 0:
             with self.timer("push"):
-                self.ps.push_gradients(EMBEDDING_TABLE, keys, to_host(emb_grad), t)
+                self.ps.push_gradients(EMBEDDING_TABLE, keys, to_host(emb_grad), t,
+                                       worker=self.worker)  # fmt: skip
             traffic.grad_pushes += keys.shape[0]
             cache.evict(keys)  # every copy is stale after the commit
         else:
@@ -94,5 +95,5 @@ class HETStep(Step):
             steps = pending.steps if self.job.pushes_steps else None  # as row_bytes counts
             with self.timer("push"):
                 self.ps.push_gradients(EMBEDDING_TABLE, pending.keys, pending.grads, iteration,
-                                       steps)  # fmt: skip
+                                       steps, self.worker)  # fmt: skip
             traffic.grad_pushes += pending.keys.shape[0]

@@ -69,7 +69,8 @@ class PlanStep(Step):
         sends = Sends()
         if shared.shape[0]:
             grads = to_host(emb_grad[self.xp.asarray(shared)])
-            sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, plan.push_grads, grads, t))
+            sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, plan.push_grads, grads, t,
+                                                   worker=self.worker))  # fmt: skip
             traffic.grad_pushes += plan.push_grads.shape[0]
         waited = self.dense.wait_seconds
         host_grad = to_host(dense_grad)

@@ -6,6 +6,13 @@ import argparse
 
 from heraldps.modes import MAX_WORKERS
 from launcher.cli.command import Command, add_server_arguments, addresses, at_least
+from launcher.cli.security_flags import (
+    add_server_security_arguments,
+    add_tls_arguments,
+    add_token_argument,
+    client_security,
+    server_security,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="gzip the plan streams (plans carry the samples: about 2.3x smaller, for a few ms "
         "of CPU per plan); for a scheduler whose link is slow, not for loopback",
     )
+    add_tls_arguments(p)
+    add_server_security_arguments(p)
+    add_token_argument(p, "to the PS shards; it commits, so the admin token")
     add_checkpoint_arguments(p)
 
 
@@ -94,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         grace_seconds=args.grace_seconds, port_file=args.port_file,
         shadow_naive=not args.no_shadow_naive, compress_plans=args.compress_plans,
         checkpoints=checkpoints,
+        security=server_security(args), ps_security=client_security(args),
     )  # fmt: skip
     return serve(config)
 
