@@ -166,3 +166,20 @@ def test_restarts_are_bounded(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="worker-1"):
         run_mode(job, "herald", 2, job.read(), None, tmp_path,
                  recovery=Recovery(checkpoint_every=2, max_restarts=0))  # fmt: skip
+
+
+def test_a_resumed_naive_run_is_bitwise_the_uninterrupted_one(tmp_path: Path) -> None:
+    """Naive's plans depend on the batches only (sequential partition, every update written
+    back), and the shards sum pushes in worker order: a run resumed from a checkpoint after a
+    shard's SIGKILL ends with the same bits, in every row and the dense parameters."""
+    job = small_job("adagrad")
+    train = job.read()
+    plain = run_mode(job, "naive", 2, train, None, tmp_path / "plain", keep_model=True)
+    (tmp_path / "killed").mkdir()
+    killer = Killer(tmp_path / "killed", [("ps-1", 11)])
+    resumed = run_mode(job, "naive", 2, train, None, tmp_path / "killed", keep_model=True,
+                       recovery=Recovery(checkpoint_every=5, max_restarts=1))  # fmt: skip
+    killer.thread.join(timeout=5)
+    assert [r.resumed_at for r in resumed.restarts] in ([10], [15]), resumed.restarts
+    for name, values in plain.model.items():
+        assert np.array_equal(resumed.model[name], values), name
