@@ -114,3 +114,24 @@ def test_a_checkpoint_of_another_job_is_refused(cluster: ClusterFactory, tmp_pat
     with pytest.raises(FailedPrecondition, match="belongs to job a"):
         server.start()
     server.stop(grace=0)
+
+
+def test_a_failed_checkpoint_is_logged_and_training_goes_on(
+    cluster: ClusterFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint folder that cannot be written (here: a file is in the way) costs the
+    checkpoint, not the run: every iteration still commits, and no manifest claims it."""
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("in the way")
+    server = _server(ps.addresses, CheckpointConfig(every=2, directory=str(blocked)))
+    server.start()
+    try:
+        _train(server, make_batches(4), finish=True)
+    finally:
+        server.stop(grace=0)
+    assert ps.shard_committed_iterations() == [3, 3]
+    assert blocked.read_text() == "in the way"
+    failed = [r.getMessage() for r in caplog.records if "checkpoint of iteration" in r.getMessage()]
+    assert len(failed) == 2 and all("failed" in m for m in failed), failed
