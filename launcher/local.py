@@ -257,7 +257,8 @@ def run_mode(
                 raise ClusterError(f"{error}\n(after {len(restarts)} restarts)") from None
             raise error
         failed_at = time.perf_counter()
-        restarts.append(Restart(attempt, str(error).splitlines()[0], resumed_at=-1))
+        what = str(error).splitlines()[0].split("; its log")[0]  # the log stays: NAME.log.N
+        restarts.append(Restart(attempt, what, resumed_at=-1))
         _keep_logs(workdir, attempt)
     raise AssertionError("unreachable")  # pragma: no cover
 
