@@ -135,3 +135,25 @@ def test_a_failed_checkpoint_is_logged_and_training_goes_on(
     assert blocked.read_text() == "in the way"
     failed = [r.getMessage() for r in caplog.records if "checkpoint of iteration" in r.getMessage()]
     assert len(failed) == 2 and all("failed" in m for m in failed), failed
+
+
+def test_resuming_after_the_last_iteration_just_finishes(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    """A run that died after its last iteration's checkpoint: the resumed scheduler expects
+    no batch, Finish ends every worker's plan stream at once, and the model stays loaded."""
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    target = checkpoints.begin(tmp_path, 7)
+    ps.save(str(target))
+    checkpoints.publish(target, checkpoints.Manifest(7, 2, "herald", WORKERS))
+    server = _server(ps.addresses, CheckpointConfig(resume_from=str(tmp_path)))
+    server.start()
+    try:
+        assert _train(server, [], finish=True) == {w: [] for w in range(WORKERS)}
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            status = stub.GetStatus(scheduler_pb2.GetStatusRequest())
+        assert (status.committed_iteration, status.finished) == (7, True)
+    finally:
+        server.stop(grace=0)
