@@ -76,6 +76,8 @@ class Barrier:
         self._done: dict[int, set[int]] = {}
         self._loss: dict[int, tuple[float, int]] = {}
         self.last_loss = float("nan")
+        self._samples: dict[int, int] = {}  # samples of each uncommitted batch
+        self.samples_committed = 0  # samples of every committed batch (the data position)
         self.failure: RunAborted | None = None
         self._since: float | None = None  # when the iteration in progress could start
         self._heard: dict[int, float] = {}  # worker -> when it last spoke (monotonic)
@@ -134,6 +136,7 @@ class Barrier:
                     f"{self.max_backlog}); retry after the workers catch up"
                 )
             released = self.scheduler.submit(batch)
+            self._samples[batch.iteration] = batch.samples
             if batch.data is not None:
                 self._data[batch.iteration] = batch.data
             if expected is None:  # training may resume at any iteration (e.g. after Load)
@@ -236,6 +239,7 @@ class Barrier:
             raise failure from exc
         with self._lock:
             self.committed = iteration
+            self.samples_committed += self._samples.pop(iteration, 0)
             loss, count = self._loss.pop(iteration)
             self.last_loss = loss / count if count else float("nan")
             del self._plans[iteration]
@@ -297,6 +301,18 @@ class Barrier:
                     "is frozen or unreachable; the run is aborted"
                 )
             return None
+
+    def resume_at(self, committed: int, samples_committed: int) -> None:
+        """Start after a checkpoint: ``committed`` is done, its next batch comes first."""
+        with self._lock:
+            self.committed = committed
+            self.samples_committed = samples_committed
+            self.scheduler.next_iteration = committed + 1
+
+    def samples_through(self, iteration: int) -> int:
+        """Samples of every batch up to ``iteration`` (committed, or being committed)."""
+        with self._lock:
+            return self.samples_committed + self._samples.get(iteration, 0)
 
     def wait_committed(self, iteration: int, timeout: float) -> bool:
         """Block until ``iteration`` is committed; False when ``timeout`` passed first."""
