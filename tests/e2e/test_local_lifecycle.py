@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
+from launcher.local import Recovery, run_mode
+from tests.e2e.test_local_training import small_job
+from tests.e2e.test_resume import _assert_model as assert_model
+from worker_client.reference import ReferenceTrainer
 from worker_client.worker import WorkerConfig, scheduler_options
 
 MODE = "naive"
@@ -202,3 +208,55 @@ def test_a_workers_plan_stream_fails_when_the_scheduler_freezes(tmp_path: Path) 
         scheduler.send_signal(signal.SIGKILL)
         scheduler.send_signal(signal.SIGCONT)
         scheduler.wait()
+
+
+def _freeze_when_committed(workdir: Path, name: str, iteration: int, frozen: list[int]) -> None:
+    """SIGSTOP process ``name`` once the scheduler (found through its port file) has
+    committed ``iteration``; its PID goes into ``frozen``."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, IndexError, grpc.RpcError):
+            port = (workdir / "scheduler.port").read_text().split()[0]
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = scheduler_pb2_grpc.SchedulerStub(channel)
+                status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=1)
+            if status.committed_iteration >= iteration:
+                pid = int((workdir / f"{name}.pid").read_text())
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+                return
+        time.sleep(0.02)
+
+
+def test_a_frozen_worker_with_restarts_resumes_to_the_uninterrupted_model(
+    tmp_path: Path,
+) -> None:
+    """With --max-restarts, the abort after --worker-timeout restarts the cluster from the
+    newest checkpoint (the frozen worker is stopped with the rest), and the run ends with
+    the model of uninterrupted single-process training."""
+    job = replace(small_job("adam"), iterations=20)
+    train = job.read()
+    frozen: list[int] = []
+    freezer = threading.Thread(
+        target=_freeze_when_committed, args=(tmp_path, "worker-1", 6, frozen), daemon=True
+    )
+    freezer.start()
+    try:
+        result = run_mode(job, "herald", 2, train, None, tmp_path, keep_model=True,
+                          recovery=Recovery(checkpoint_every=4, max_restarts=1,
+                                            worker_timeout=3))  # fmt: skip
+    finally:
+        for pid in frozen:  # the launcher stopped it; a failing test must not leave it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert frozen and not alive(frozen[0])
+    assert len(result.restarts) == 1, result.restarts
+    restart = result.restarts[0]
+    # The job all-reduces its dense gradients: the others usually wait inside the iteration
+    # for worker 1, and are named with it.
+    assert re.search(r"aborted the run: workers? [\d, ]*\b1\b[\d, ]* ha(s|ve) not reported",
+                     restart.failure), restart.failure  # fmt: skip
+    assert restart.resumed_at in (4, 8), restart  # after the newest checkpoint (iteration 3 or 7)
+    reference = ReferenceTrainer(job)
+    reference.train(train)
+    assert_model(result.model, reference, "resumed after a frozen worker")
