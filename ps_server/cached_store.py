@@ -261,9 +261,13 @@ class CachedStore(ShardTables[CachedTable]):
             return self.committed_iteration, [(t.spec, t.snapshot()) for t in self.tables()]
 
     def replace_all(
-        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]]
+        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]], apply: bool = True
     ) -> int:
-        """Swap in a snapshot's tables in one transaction; nothing changes if it fails."""
+        """Swap in a snapshot's tables in one transaction; nothing changes if it fails.
+
+        ``apply=False`` writes it all the same (so --max-disk-gb and the disk are
+        checked) and aborts the transaction: Load's ``validate_only``.
+        """
         names = [spec.name for spec, _ in tables]
         if len(set(names)) != len(names):
             raise InvalidArgument("snapshot holds a table twice")
@@ -272,19 +276,41 @@ class CachedStore(ShardTables[CachedTable]):
                 spec.name: CachedTable(spec, self.env, self.policy, committed_iteration)
                 for spec, _ in tables
             }
-            with self._write_txn() as txn:
-                for old in self.tables():
-                    if old.name not in built:
-                        old.disk.clear(txn)
-                        txn.delete(f"spec:{old.name}".encode(), db=self.meta)
-                for spec, block in tables:
-                    built[spec.name].load_rows(block, txn)
-                    txn.put(f"spec:{spec.name}".encode(), spec.to_proto().SerializeToString(),
+            try:
+                with self._write_txn() as txn:
+                    for old in self.tables():
+                        if old.name not in built:
+                            old.disk.clear(txn)
+                            txn.delete(f"spec:{old.name}".encode(), db=self.meta)
+                    for spec, block in tables:
+                        built[spec.name].load_rows(block, txn)
+                        txn.put(f"spec:{spec.name}".encode(), spec.to_proto().SerializeToString(),
+                                db=self.meta)  # fmt: skip
+                    txn.put(b"committed_iteration", str(committed_iteration).encode(),
                             db=self.meta)  # fmt: skip
-                txn.put(b"committed_iteration", str(committed_iteration).encode(), db=self.meta)
-            self._tables = built
+                    if not apply:
+                        raise _DryRun
+            except _DryRun:
+                pass
+            except BaseException:
+                _close(built.values())
+                raise
+            if not apply:
+                _close(built.values())
+                return sum(len(block) for _, block in tables)
+            old_tables, self._tables = list(self._tables.values()), built
             self.committed_iteration = committed_iteration
+            _close(old_tables)
             return sum(len(block) for _, block in tables)
+
+
+class _DryRun(Exception):
+    """Raised inside a write transaction to abort it (a validate-only load)."""
+
+
+def _close(tables: Any) -> None:
+    for table in tables:
+        table.close()
 
 
 def _exclusive_lock(path: Path) -> Any:

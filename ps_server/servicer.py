@@ -241,13 +241,19 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Load(
         self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext
     ) -> ps_pb2.LoadResponse:
+        """Replace every table with a snapshot, checked whole first (``validate_only``:
+        check it and that it fits, and change nothing)."""
+        if not request.path:
+            raise InvalidArgument("load: path is empty; pass the directory given to Save")
         try:
             iteration, tables = snapshot.read_for_shard(
                 Path(request.path), self.store.shard_index, self.store.num_shards
             )
         except OSError as exc:
             raise _os_error(exc, f"load from {request.path!r}") from None
-        rows = self.store.replace_all(iteration, tables)
+        rows = self.store.replace_all(iteration, tables, apply=not request.validate_only)
+        if request.validate_only:
+            return ps_pb2.LoadResponse(rows=rows, committed_iteration=iteration)
         m = self.metrics
         m.committed_iteration.labels(m.shard).set(iteration)
         for table in self.store.tables():

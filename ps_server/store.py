@@ -105,9 +105,13 @@ class StagedStore(ShardTables[StagedTable]):
             return self.committed_iteration, [(t.spec, t.snapshot()) for t in self.tables()]
 
     def replace_all(
-        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]]
+        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]], apply: bool = True
     ) -> int:
-        """Swap in the given tables (snapshot load); nothing changes if any fails to fit."""
+        """Swap in the given tables (snapshot load); nothing changes if any fails to fit.
+
+        ``apply=False`` builds them all the same (so the memory cap is checked) and
+        drops them: Load's ``validate_only``.
+        """
         with self._commit_lock:
             fresh_budget = MemoryBudget(self.budget.limit_bytes)
             built: dict[str, StagedTable] = {}
@@ -117,7 +121,8 @@ class StagedStore(ShardTables[StagedTable]):
                 table = StagedTable(spec, fresh_budget, committed_iteration)
                 table.load_rows(block)
                 built[spec.name] = table
-            self.budget = fresh_budget
-            self._tables = built
-            self.committed_iteration = committed_iteration
+            if apply:
+                self.budget = fresh_budget
+                self._tables = built
+                self.committed_iteration = committed_iteration
             return sum(t.rows for t in built.values())
