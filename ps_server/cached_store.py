@@ -39,7 +39,7 @@ from heraldps.errors import (
 from heraldps.spec import TableSpec
 from heraldps.v1 import types_pb2
 from ps_server.cached_table import CachedTable, CachePolicy
-from ps_server.checks import check_commit_order, check_same_spec
+from ps_server.checks import check_commit_order, check_initializer, check_same_spec
 from ps_server.memory import MemoryBudget
 from ps_server.shard_tables import ShardTables
 from ps_server.table import RowBlock
@@ -182,6 +182,7 @@ class CachedStore(ShardTables[CachedTable]):
             if existing is not None:
                 check_same_spec(existing.spec, spec)
                 return existing, False
+            check_initializer(spec)
             if len(self._tables) >= _MAX_TABLES:
                 raise ResourceExhausted(f"a Cached-PS shard holds at most {_MAX_TABLES} tables")
             table = CachedTable(spec, self.env, self.policy, self.committed_iteration)

@@ -83,3 +83,51 @@ def check_versions_unchanged(
             f"rows changed since the worker read them (key {keys[i]}: stored version "
             f"{stored[i]}, base_version {base_versions[i]}); pull them again and retry"
         )
+
+
+def check_finite_rows(
+    table: str,
+    what: str,
+    keys: npt.NDArray[np.int64],
+    values: npt.NDArray[np.float32],
+    state: npt.NDArray[np.float32],
+    hint: str = "",
+) -> None:
+    """Rows an update computed, before they are stored: every value and state finite.
+
+    Finite gradients can still overflow float32 (two 3e38 gradients on a key, a huge
+    learning rate); such an update is refused whole rather than storing Inf or NaN.
+    """
+    bad = ~(np.isfinite(values).all(axis=1) & np.isfinite(state).all(axis=1))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidArgument(
+            f"{what} on table {table!r} would store a non-finite value or optimizer state "
+            f"in {int(bad.sum())} rows (first: key {keys[i]}); nothing was applied. The "
+            f"gradients or the learning rate are too large for float32: lower them{hint}"
+        )
+
+
+COMMIT_HINT = (
+    " (the iteration's gradients stay buffered, so this commit fails again until the shard "
+    "is loaded from a snapshot)"
+)
+
+
+def check_initializer(spec: TableSpec) -> None:
+    """CreateTable: rows the initializer produces (a sample of keys, both signs) are finite.
+
+    The spec's own checks bound every parameter; this catches what they miss, before a
+    table exists whose rows would be created non-finite on first touch.
+    """
+    keys = np.concatenate([np.arange(-64, 64, dtype=np.int64), _EXTREME_KEYS])
+    rows = spec.initializer.generate(keys, spec.dim)
+    state = spec.optimizer.init_state(keys.shape[0], spec.dim)
+    if not (np.isfinite(rows).all() and np.isfinite(state).all()):
+        raise InvalidArgument(
+            f"table {spec.name!r}: its initializer {spec.initializer} creates rows that hold "
+            "NaN or Inf; pick parameters whose values fit in float32"
+        )
+
+
+_EXTREME_KEYS = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max], dtype=np.int64)

@@ -169,7 +169,8 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
 def test_a_damaged_snapshot_is_refused_and_every_shard_is_left_as_it_was(
     cluster: ClusterFactory, tmp_path: Path, store: str
 ) -> None:
-    extra = {"store": store, "data_dir": str(tmp_path / "data")} if store == "cached" else {}
+    extra = {"store": "cached", "data_dir": str(tmp_path / "data"), "cache_gb": 0.001}
+    extra = extra if store == "cached" else {}
     _, ps = cluster(2, **extra)
     train(ps, range(3))
     good = tmp_path / "good"
