@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument, StaleIteration, TableExists, VersionConflict
 from heraldps.keyindex import distinct
+from heraldps.limits import MAX_ITERATION, MAX_VERSION
 from heraldps.optim import MAX_STEPS
 from heraldps.spec import TableSpec
 
@@ -24,8 +25,18 @@ def check_same_spec(existing: TableSpec, requested: TableSpec) -> None:
         )
 
 
+def check_iteration(what: str, iteration: int) -> None:
+    """Iterations stay at most MAX_ITERATION, so no clock derived from one can wrap."""
+    if iteration > MAX_ITERATION:
+        raise InvalidArgument(
+            f"{what}: iteration {iteration} is above the largest allowed, {MAX_ITERATION} "
+            "(2**62); iterations count training steps from 0"
+        )
+
+
 def check_commit_order(iteration: int, committed: int) -> bool:
     """True when ``iteration`` is already committed (a no-op); older ones are refused."""
+    check_iteration("commit", iteration)
     if iteration < committed:
         raise StaleIteration(
             f"commit of iteration {iteration}, but iteration {committed} "
@@ -35,6 +46,7 @@ def check_commit_order(iteration: int, committed: int) -> bool:
 
 
 def check_push_iteration(table: str, iteration: int, committed: int) -> None:
+    check_iteration(f"push to {table!r}", iteration)
     if iteration <= committed:
         raise StaleIteration(
             f"push to iteration {iteration} of table {table!r}, but iteration "
@@ -60,6 +72,14 @@ def check_write_back(
 ) -> None:
     if distinct(keys)[0].shape[0] != keys.shape[0]:
         raise InvalidArgument("write_back: keys must be distinct (one row per key)")
+    out = (base_versions < 0) | (new_versions > MAX_VERSION)
+    if out.any():
+        i = int(np.flatnonzero(out)[0])
+        raise InvalidArgument(
+            f"write_back: key {keys[i]} has base_version {base_versions[i]} and new_version "
+            f"{new_versions[i]}; versions lie in 0..{MAX_VERSION} (2**62), so that no commit "
+            "can wrap them around to a negative number"
+        )
     behind = new_versions < base_versions
     if behind.any():
         i = int(np.flatnonzero(behind)[0])

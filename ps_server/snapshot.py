@@ -171,7 +171,7 @@ def _write_files(
             name = f"{spec.name}.{field}.npy"
             writer = check.HashingWriter(tmp / name)
             try:
-                np.save(writer, getattr(block, field))  # type: ignore[arg-type]
+                np.save(writer, getattr(block, field))
             finally:
                 sums[name] = writer.close()
         meta["tables"].append(  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import distinct
-from heraldps.limits import MAX_ITERATION, MAX_VERSION
+from heraldps.limits import MAX_ITERATION
 from heraldps.spec import TableSpec
 
 _CHUNK = 1 << 22
@@ -135,7 +135,9 @@ def check_arrays(
                 f"{where}/{spec.name}.{field}.npy: {int((~finite).sum())} rows hold NaN or Inf "
                 f"(first: key {key}); a snapshot never holds them, load another one"
             )
-    _check_range(arrays, "versions", 0, MAX_VERSION, spec, where)
+    # Never negative (a wrapped clock); above MAX_VERSION only through commits after a
+    # write-back of it, so no upper bound but int64's.
+    _check_range(arrays, "versions", 0, np.iinfo(np.int64).max, spec, where)
     # A write-back while iteration t trains is stamped t = committed + 1.
     _check_range(arrays, "changed", -1, committed + 1, spec, where)
     if distinct(arrays["keys"])[0].shape[0] != n:

@@ -156,6 +156,43 @@ class _Gathering:
             self.out.set_exception(exc)
 
 
+def chain(first: Future[Part], then: Callable[[Part], Future[Result]]) -> Future[Result]:
+    """One future for two steps: ``then(first's result)`` starts the second once the
+    first succeeded; the first failure (or what ``then`` raises) fails the whole.
+    ``then`` runs on a callback thread: it may start calls, never wait on one."""
+    out: Future[Result] = _running()
+
+    def second_done(done: Future[Result]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.result())
+
+    def first_done(done: Future[Part]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        try:
+            second = then(done.result())
+        except BaseException as exc:
+            out.set_exception(exc)
+            return
+        second.add_done_callback(second_done)
+
+    first.add_done_callback(first_done)
+    return out
+
+
+def settled(future: Future[Result]) -> tuple[Result | None, BaseException | None]:
+    """(result, None) or (None, error) once ``future`` is done (see ``wait``)."""
+    try:
+        return wait(future), None
+    except Exception as exc:
+        return None, exc
+
+
 def wait(future: Future[Result]) -> Result:
     """``future.result()``, refused inside a callback, where it would wait forever."""
     if getattr(_callback, "active", False):

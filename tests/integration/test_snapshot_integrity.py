@@ -129,10 +129,6 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "duplicate key across shards": (duplicate_across, "two shard directories"),
     "negative version": (lambda s: rewrite(s, SHARD0, "versions", setitem(3, -1)), "versions"),
-    "version too large": (
-        lambda s: rewrite(s, SHARD0, "versions", setitem(3, 2**62 + 1)),
-        "versions",
-    ),
     "changed after the commit": (
         lambda s: rewrite(s, SHARD1, "changed", setitem(0, 99)),
         "changed",
