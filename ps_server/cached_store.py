@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,6 +160,14 @@ class CachedStore(ShardTables[CachedTable]):
             raise ResourceExhausted(
                 f"writing {self.path} failed ({exc}); free disk space (nothing of this "
                 "request was written)"
+            ) from None
+        except lmdb.Error as exc:
+            # On a full disk a short write surfaces from mdb_txn_commit as EIO, not ENOSPC.
+            if "Input/output error" not in str(exc) or not _disk_nearly_full(self.path):
+                raise
+            raise ResourceExhausted(
+                f"writing {self.path} failed ({exc}) with the disk full; free disk space "
+                "(nothing of this request was written, the shard serves on)"
             ) from None
 
     def _sync_periodically(self, seconds: float) -> None:
@@ -312,6 +321,16 @@ class _DryRun(Exception):
 def _close(tables: Any) -> None:
     for table in tables:
         table.close()
+
+
+def _disk_nearly_full(path: Path) -> bool:
+    """Under 1% (at most 64 MiB) of the file system holding ``path`` is free."""
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return False
+    free, size = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+    return free < min(64 * 2**20, size // 100)
 
 
 def _exclusive_lock(path: Path) -> Any:
