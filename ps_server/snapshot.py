@@ -73,7 +73,35 @@ def check_target(
     final = root / shard_dir_name(shard_index, num_shards)
     _refuse_kept_out(root, final, keep_out)
     _refuse_foreign(final)
+    _refuse_stores(root)
     return final
+
+
+_LMDB_MARKERS = ("data.mdb", "heraldps.lock")
+
+
+def _refuse_stores(root: Path) -> None:
+    """Refuse a save into any shard's data: a directory holding a Cached-PS LMDB folder
+    (any shard's, running or stopped, whatever its shard count), one inside such a folder,
+    or one inside a snapshot's shard directory."""
+    where = root.resolve()
+    for folder in (where, *where.parents):
+        if any((folder / marker).exists() for marker in _LMDB_MARKERS):
+            _refuse(root, f"{str(folder)!r} is a Cached-PS data folder")
+        if (folder / "meta.json").is_file() and not _not_a_snapshot_shard(folder):
+            _refuse(root, f"{str(folder)!r} is a shard directory of a snapshot")
+    if where.is_dir():
+        for entry in sorted(where.glob("shard-*-of-*")):
+            if entry.is_dir() and any((entry / m).exists() for m in _LMDB_MARKERS):
+                _refuse(root, f"it holds {entry.name!r}, a Cached-PS data folder")
+
+
+def _refuse(root: Path, why: str) -> None:
+    raise FailedPrecondition(
+        f"save to {str(root)!r}: {why}, and a snapshot written there would mix with (or "
+        "replace) another store's files; nothing was written. Save to an empty directory "
+        "or to a previous heraldps snapshot"
+    )
 
 
 def _refuse_kept_out(root: Path, final: Path, keep_out: Sequence[Path]) -> None:
