@@ -134,6 +134,7 @@ class WorkingRows:
     """Copies of rows that a commit or an immediate push updates before it stores them:
     computed whole, checked, and only then written into the table."""
 
+    slots: npt.NDArray[np.int64]  # each key's row in the table, -1: not created yet
     keys: npt.NDArray[np.int64]
     values: npt.NDArray[np.float32]
     state: npt.NDArray[np.float32]
@@ -145,14 +146,21 @@ class WorkingRows:
     def apply(
         self,
         spec: TableSpec,
-        at: npt.NDArray[np.int64],
+        at: npt.NDArray[np.int64] | None,
         grads: npt.NDArray[np.float32],
         it: int,
         steps: npt.NDArray[np.int32] | None,
     ) -> None:
-        """One iteration's summed gradients on rows ``at`` (distinct): optimizer, clock +1."""
+        """One iteration's summed gradients on rows ``at`` (distinct; None: every row, in
+        order, updated in place without a gather): optimizer, clock +1."""
+        if at is None:
+            with np.errstate(over="ignore", invalid="ignore"):  # checked before it is stored
+                spec.optimizer.apply_steps(self.values, self.state, grads, steps)
+            self.versions += 1
+            self.changed[:] = it
+            return
         values, state = self.values[at], self.state[at]
-        with np.errstate(over="ignore", invalid="ignore"):  # checked before it is stored
+        with np.errstate(over="ignore", invalid="ignore"):
             spec.optimizer.apply_steps(values, state, grads, steps)
         self.values[at], self.state[at] = values, state
         self.versions[at] += 1
@@ -216,9 +224,10 @@ class StagedTable:
         return int(distinct(missing)[0].shape[0]) if missing.shape[0] else 0
 
     def _ensure_rows(
-        self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+        self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], fill: bool = True
     ) -> npt.NDArray[np.int64]:
-        """Create the rows of keys whose ``rows`` entry is -1 (memory already charged)."""
+        """Create the rows of keys whose ``rows`` entry is -1 (memory already charged);
+        ``fill=False`` leaves their values and state for the caller to write."""
         absent = rows < 0
         if not absent.any():
             return rows
@@ -237,8 +246,9 @@ class StagedTable:
         new_keys = np.empty(new - old, dtype=np.int64)
         new_keys[rows[absent] - old] = keys[absent]
         self._keys[old:new] = new_keys
-        self._values[old:new] = self.spec.initializer.generate(new_keys, self.dim)
-        self._state[old:new] = self.spec.optimizer.init_state(new - old, self.dim)
+        if fill:
+            self._values[old:new] = self.spec.initializer.generate(new_keys, self.dim)
+            self._state[old:new] = self.spec.optimizer.init_state(new - old, self.dim)
         self._versions[old:new] = 0
         self._changed[old:new] = NEVER_CHANGED
         return rows
@@ -291,8 +301,7 @@ class StagedTable:
             if self.spec.update_mode is UpdateMode.IMMEDIATE:
                 unique, summed, unique_steps = sum_duplicates(keys, grads, steps)
                 work = self._working_rows(unique)
-                work.apply(self.spec, np.arange(unique.shape[0]), summed,
-                           self.committed_iteration + 1, unique_steps)  # fmt: skip
+                work.apply(self.spec, None, summed, self.committed_iteration + 1, unique_steps)
                 check_finite_rows(self.name, "push", work.keys, work.values, work.state)
                 rows = self._lookup_or_create(unique, what)
                 self._store(rows, work)
@@ -320,13 +329,20 @@ class StagedTable:
         if not its:
             return None
         contents = [self._buffers[it].contents() for it in its]
-        union, inverse = distinct(np.concatenate([k for k, _, _ in contents]))
-        work = self._working_rows(union)
-        start = 0
-        for it, (keys, grads, steps) in zip(its, contents, strict=True):
-            at = inverse[start : start + keys.shape[0]]
-            work.apply(self.spec, at, grads, it, paced_steps(steps, it, work.changed[at]))
-            start += keys.shape[0]
+        if len(its) == 1:  # the usual case: one buffer, its keys already distinct
+            union = contents[0][0]
+            work = self._working_rows(union)
+            _, grads, steps = contents[0]
+            work.apply(self.spec, None, grads, its[0], paced_steps(steps, its[0], work.changed))
+            start = union.shape[0]
+        else:
+            union, inverse = distinct(np.concatenate([k for k, _, _ in contents]))
+            work = self._working_rows(union)
+            start = 0
+            for it, (keys, grads, steps) in zip(its, contents, strict=True):
+                at = inverse[start : start + keys.shape[0]]
+                work.apply(self.spec, at, grads, it, paced_steps(steps, it, work.changed[at]))
+                start += keys.shape[0]
         work.its, work.updates = its, start
         what = f"commit of iteration {its[-1]}"
         check_finite_rows(self.name, what, union, work.values, work.state, COMMIT_HINT)
@@ -337,8 +353,7 @@ class StagedTable:
         the rows updated. Caller holds ``self.lock``."""
         updated = 0
         if work is not None:
-            rows = self._ensure_rows(work.keys, self._index.lookup(work.keys))
-            self._store(rows, work)
+            self._store(self._ensure_rows(work.keys, work.slots, fill=False), work)
             for it in work.its:
                 del self._buffers[it]
             updated = work.updates
@@ -355,6 +370,7 @@ class StagedTable:
         known = rows >= 0
         n = keys.shape[0]
         work = WorkingRows(
+            rows,
             keys,
             np.empty((n, self.dim), np.float32),
             np.empty((n, self.state_width), np.float32),
@@ -429,7 +445,7 @@ class StagedTable:
                 raise InvalidArgument(f"table {self.name!r} is not empty")
             n = len(block)
             self._account(self._bytes_with_new_rows(n), f"loading {n} rows into {self.name!r}")
-            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64))
+            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64), fill=False)
             self._values[rows] = block.values
             self._state[rows] = block.state
             self._versions[rows] = block.versions
