@@ -278,10 +278,13 @@ class ShardClient:
         state: npt.ArrayLike | None,
         base_versions: npt.ArrayLike,
         new_versions: npt.ArrayLike,
+        *,
+        check_first: bool = True,
     ) -> None:
         """Store rows a worker updated where each stored version equals its base (else
-        ``VersionConflict``)."""
-        rpc.wait(self.write_back_async(table, keys, values, state, base_versions, new_versions))
+        ``VersionConflict``). ``check_first``: see ``write_back_async``."""
+        rpc.wait(self.write_back_async(table, keys, values, state, base_versions, new_versions,
+                                       check_first=check_first))  # fmt: skip
 
     @rpc.reports_errors
     def write_back_async(
@@ -292,12 +295,17 @@ class ShardClient:
         state: npt.ArrayLike | None,
         base_versions: npt.ArrayLike,
         new_versions: npt.ArrayLike,
+        *,
+        check_first: bool = True,
     ) -> Future[None]:
         """``write_back`` without waiting; the future resolves to None or the error.
 
         Spanning several requests, it first reads the stored versions of every key
         (one GetVersions per shard) and sends nothing if any differs from its base
-        (``VersionConflict``); the shards check again as they write.
+        (``VersionConflict``); the shards check again as they write. That read costs
+        a round trip; ``check_first=False`` skips it where a conflict cannot happen
+        (a Herald plan's write-backs), leaving each shard's own check: a conflict then
+        leaves the other shards' parts written.
         """
         keys = as_keys(keys)
         n = keys.shape[0]
@@ -324,7 +332,7 @@ class ShardClient:
             calls = [self._unary(s, "WriteBack", r, idempotent=False) for s, r in requests]
             return rpc.gather(calls, _nothing)
 
-        if len(requests) <= 1:  # one request is all-or-nothing on its own
+        if len(requests) <= 1 or not check_first:  # one request is all-or-nothing alone
             return send()
 
         def check_then_send(stored: npt.NDArray[np.int64]) -> Future[None]:

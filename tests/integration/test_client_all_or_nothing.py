@@ -87,6 +87,11 @@ def test_a_stale_write_back_over_shards_writes_nothing(cluster: ClusterFactory) 
     with pytest.raises(InvalidArgument, match="finite"):
         ps.write_back("emb", keys, np.full_like(values, np.inf), state, versions, versions + 1)
     assert same(rows(ps), before)
+    # check_first=False skips the read: shard 2 refuses its part, the others write theirs.
+    with pytest.raises(VersionConflict):
+        ps.write_back("emb", keys, values, state, versions, versions + 1, check_first=False)
+    others = shard_of(keys, 3) != 2
+    assert np.all(ps.versions("emb", keys)[others] == 1)
 
 
 def test_versions_and_iterations_cannot_wrap(cluster: ClusterFactory) -> None:
