@@ -271,3 +271,20 @@ def _write_big_snapshot(path: Path) -> None:
     finally:
         for server in servers:
             server.stop(grace=0)
+
+
+def test_restore_at_start_checks_the_snapshot_the_same_way(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    _, ps = cluster(2)
+    train(ps, range(2))
+    good = tmp_path / "good"
+    ps.save(str(good))
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    flip_byte(bad)
+    with pytest.raises(InvalidArgument, match="sha256"):
+        PSServer(PSConfig(host="127.0.0.1", port=0, shard_index=0, num_shards=2,
+                          restore=str(bad)))  # fmt: skip
+    server = PSServer(PSConfig(host="127.0.0.1", port=0, restore=str(good)))
+    assert server.store.committed_iteration == 1 and server.store.table("emb").rows > 0
