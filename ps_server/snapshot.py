@@ -197,11 +197,7 @@ def _write_files(
         sums = {}
         for field in _ARRAYS:
             name = f"{spec.name}.{field}.npy"
-            writer = check.HashingWriter(tmp / name)
-            try:
-                np.save(writer, getattr(block, field))
-            finally:
-                sums[name] = writer.close()
+            sums[name] = check.save_npy(tmp / name, getattr(block, field))
         meta["tables"].append(  # type: ignore[attr-defined]
             {"spec": json_format.MessageToDict(spec.to_proto()), "rows": len(block),
              "sha256": sums}

@@ -10,6 +10,7 @@ Each failure is ``InvalidArgument`` naming the file and what is wrong with it.
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +34,22 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-class HashingWriter:
-    """A binary file that also hashes what is written, so Save reads nothing back."""
+def save_npy(path: Path, array: npt.NDArray[Any]) -> str:
+    """``numpy.save`` of ``array`` to ``path`` (a plain .npy file); return its hex SHA-256.
 
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self._digest = hashlib.sha256()
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self._digest.update(view)
-        return self._file.write(view)
-
-    def close(self) -> str:
-        """Close the file (fsynced by the caller's directory sync); return the hex digest."""
-        self._file.close()
-        return self._digest.hexdigest()
+    The header and the data go out in two writes and are hashed as they go, so Save
+    never reads a file back; a full disk raises OSError (ENOSPC) from the write.
+    """
+    data = np.ascontiguousarray(array)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(data))
+    digest = hashlib.sha256(header.getvalue())
+    body = data.reshape(-1).data.cast("B") if data.size else memoryview(b"")
+    digest.update(body)
+    with open(path, "wb") as f:
+        f.write(header.getvalue())
+        f.write(body)
+    return digest.hexdigest()
 
 
 def integer(meta: dict[str, Any], field: str, low: int, high: int, where: Path) -> int:
