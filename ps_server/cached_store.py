@@ -282,12 +282,15 @@ class CachedStore(ShardTables[CachedTable]):
         if len(set(names)) != len(names):
             raise InvalidArgument("snapshot holds a table twice")
         with self._commit_lock, self._write_lock:
-            built = {
-                spec.name: CachedTable(spec, self.env, self.policy, committed_iteration)
-                for spec, _ in tables
-            }
+            built: dict[str, CachedTable] = {}
             try:
                 with self._write_txn() as txn:
+                    # Databases of new tables are created in the transaction: a failed or
+                    # validate-only load leaves none behind.
+                    for spec, _ in tables:
+                        built[spec.name] = CachedTable(
+                            spec, self.env, self.policy, committed_iteration, txn
+                        )
                     for old in self.tables():
                         if old.name not in built:
                             old.disk.clear(txn)

@@ -63,7 +63,12 @@ class CachedTable:
     """LMDB-backed rows of one table on one shard, with a host cache in front."""
 
     def __init__(
-        self, spec: TableSpec, env: Any, policy: CachePolicy, committed_iteration: int
+        self,
+        spec: TableSpec,
+        env: Any,
+        policy: CachePolicy,
+        committed_iteration: int,
+        txn: Any = None,
     ) -> None:
         self.spec = spec
         self.dim = spec.dim
@@ -71,7 +76,7 @@ class CachedTable:
         self.lock = threading.Lock()
         self.committed_iteration = committed_iteration
         self.env = env
-        self.disk = LmdbRows(env, spec.name, self.dim, self.state_width)
+        self.disk = LmdbRows(env, spec.name, self.dim, self.state_width, txn)
         capacity = policy.cache_bytes // self.row_bytes
         self.cache = RowCache(
             capacity, self.dim, self.state_width, policy.target_hit_rate, policy.max_num_evict

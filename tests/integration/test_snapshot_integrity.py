@@ -288,3 +288,30 @@ def test_restore_at_start_checks_the_snapshot_the_same_way(
                           restore=str(bad)))  # fmt: skip
     server = PSServer(PSConfig(host="127.0.0.1", port=0, restore=str(good)))
     assert server.store.committed_iteration == 1 and server.store.table("emb").rows > 0
+
+
+def test_a_validate_only_load_leaves_no_trace_in_the_lmdb_file(tmp_path: Path) -> None:
+    from ps_server.cached_store import CachedStore
+    from ps_server.cached_table import CachePolicy
+    from ps_server.snapshot import read_for_shard
+
+    servers = [PSServer(PSConfig(host="127.0.0.1", port=0, grace_seconds=0.5))]
+    servers[0].start()
+    try:
+        with PSClient([f"127.0.0.1:{servers[0].port}"]) as ps:
+            ps.create_table("fresh", dim=4, optimizer=Adam(lr=0.01))
+            ps.pull("fresh", np.arange(50))
+            ps.save(str(tmp_path / "snap"))
+    finally:
+        servers[0].stop(grace=0)
+    store = CachedStore(tmp_path / "data", policy=CachePolicy(cache_bytes=1 << 20))
+    try:
+        iteration, tables = read_for_shard(tmp_path / "snap", 0, 1)
+        assert store.replace_all(iteration, tables, apply=False) == 50
+        with store.env.begin() as txn:
+            names = [key for key, _ in txn.cursor()]
+        assert names == [b"meta"] and store.tables() == []
+        assert store.replace_all(iteration, tables) == 50
+        assert [t.name for t in store.tables()] == ["fresh"] and store.table("fresh").rows == 50
+    finally:
+        store.close()
