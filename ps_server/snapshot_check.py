@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from heraldps.limits import MAX_ITERATION
 from heraldps.spec import TableSpec
 
 _CHUNK = 1 << 22
+_NPY_LOCK = threading.Lock()
 
 
 def sha256_file(path: Path) -> str:
@@ -96,9 +98,15 @@ def check_checksum(path: Path, expected: Any) -> None:
 
 
 def load_array(path: Path) -> npt.NDArray[Any]:
-    """One ``.npy`` file; a missing, truncated or non-NumPy file is InvalidArgument."""
+    """One ``.npy`` file; a missing, truncated or non-NumPy file is InvalidArgument.
+
+    One at a time per process: ``numpy.load`` parses the header with ``ast``, and
+    CPython 3.11's parser fails at random when two threads run it at once (SystemError
+    "AST constructor recursion depth mismatch"), e.g. two in-process shards loading.
+    """
     try:
-        array: npt.NDArray[Any] = np.load(path, allow_pickle=False)
+        with _NPY_LOCK:
+            array: npt.NDArray[Any] = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise InvalidArgument(
             f"{path} is not a readable .npy file ({exc}); the snapshot is damaged"
