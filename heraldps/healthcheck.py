@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from heraldps.errors import DeadlineExceeded, NotFound, Unavailable, Unimplemented, error_from_rpc
+from heraldps.security import PLAIN, ClientSecurity, open_channel
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -27,10 +28,13 @@ class Health:
     message: str
 
 
-def check(address: str, service: str = "", timeout: float = 5.0) -> Health:
-    """Check ``service`` ("" = the whole server) at ``address`` once, within ``timeout`` s."""
+def check(
+    address: str, service: str = "", timeout: float = 5.0, security: ClientSecurity = PLAIN
+) -> Health:
+    """Check ``service`` ("" = the whole server) at ``address`` once, within ``timeout`` s;
+    over TLS when ``security`` says so (health needs no token)."""
     what = f"{address} ({service})" if service else address
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, (), security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -43,7 +47,10 @@ def check(address: str, service: str = "", timeout: float = 5.0) -> Health:
 def _explain(err: grpc.RpcError, service: str, timeout: float) -> str:
     error = error_from_rpc(err)
     if isinstance(error, Unavailable):
-        return f"not reachable ({error.message}); is the process running and listening there?"
+        return (
+            f"not reachable ({error.message}); is the process running and listening there, "
+            "and does it serve TLS (then give --tls-ca, and for mutual TLS --tls-cert/--tls-key)?"
+        )
     if isinstance(error, DeadlineExceeded):
         return f"no answer within {timeout:g} s; raise --timeout or check the process"
     if isinstance(error, NotFound):
@@ -53,11 +60,17 @@ def _explain(err: grpc.RpcError, service: str, timeout: float) -> str:
     return f"health check failed: {error.code.name} {error.message}"
 
 
-def wait_serving(address: str, service: str, deadline: float, poll: float = 0.2) -> Health:
+def wait_serving(
+    address: str,
+    service: str,
+    deadline: float,
+    poll: float = 0.2,
+    security: ClientSecurity = PLAIN,
+) -> Health:
     """Check until SERVING or ``time.monotonic()`` passes ``deadline``; the last answer."""
     while True:
         remaining = deadline - time.monotonic()
-        health = check(address, service, timeout=max(0.1, min(5.0, remaining)))
+        health = check(address, service, max(0.1, min(5.0, remaining)), security)
         if health.serving or time.monotonic() + poll > deadline:
             return health
         time.sleep(poll)

@@ -54,7 +54,14 @@ class CommPlan:
     write_back: Keys = field(default_factory=_empty)
     pull_early: Keys = field(default_factory=_empty)
     final_flush: bool = False  # after this iteration, write back every dirty row
+    checkpoint: bool = False  # the iteration ends a checkpoint: store the dense replica too
     mini_batch: SparseDataset | None = None
+
+    @property
+    def stores_dense(self) -> bool:
+        """Whether the worker's dense update of this iteration must finish and reach the PS
+        before it reports: at the end of training and at a checkpoint."""
+        return self.final_flush or self.checkpoint
 
     def same_as(self, other: CommPlan) -> bool:
         """Equal field by field (arrays compared by value and order)."""
@@ -65,7 +72,11 @@ class CommPlan:
 
 def plan_to_proto(plan: CommPlan, table: str) -> scheduler_pb2.CommPlan:
     msg = scheduler_pb2.CommPlan(
-        iteration=plan.iteration, worker_id=plan.worker, table=table, final_flush=plan.final_flush
+        iteration=plan.iteration,
+        worker_id=plan.worker,
+        table=table,
+        final_flush=plan.final_flush,
+        checkpoint=plan.checkpoint,
     )
     for name in KEY_LISTS:
         setattr(msg, name, wire.encode_keys(getattr(plan, name)))
@@ -76,7 +87,12 @@ def plan_to_proto(plan: CommPlan, table: str) -> scheduler_pb2.CommPlan:
 
 def plan_from_proto(msg: scheduler_pb2.CommPlan) -> CommPlan:
     """Decode a plan; malformed lists or samples raise ``InvalidArgument`` naming the field."""
-    plan = CommPlan(iteration=msg.iteration, worker=msg.worker_id, final_flush=msg.final_flush)
+    plan = CommPlan(
+        iteration=msg.iteration,
+        worker=msg.worker_id,
+        final_flush=msg.final_flush,
+        checkpoint=msg.checkpoint,
+    )
     for name in KEY_LISTS:
         setattr(plan, name, wire.decode_keys(getattr(msg, name), name))
     if msg.HasField("mini_batch"):

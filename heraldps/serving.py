@@ -14,6 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
+from heraldps.security import OPEN, ServerSecurity
+
 log = logging.getLogger(__name__)
 
 
@@ -29,7 +31,9 @@ class GrpcProcess:
     """A gRPC server with health (SERVING once started), reflection and /metrics.
 
     Subclasses register their servicers on ``self.server`` in ``__init__``
-    and name their services in ``service_names``.
+    and name their services in ``service_names``. ``security`` decides TLS, the
+    role check (``admin_methods`` need the admin token) and reflection; /metrics
+    binds the same host as gRPC.
     """
 
     def __init__(
@@ -45,6 +49,8 @@ class GrpcProcess:
         metrics_port: int | None,
         port_file: str | None,
         grace_seconds: float,
+        security: ServerSecurity = OPEN,
+        admin_methods: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.service_names = service_names
@@ -56,13 +62,16 @@ class GrpcProcess:
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-rpc"),
             options=channel_options(max_message_bytes),
+            interceptors=security.interceptors(admin_methods),
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        if security.reflection:
+            reflection.enable_server_reflection(
+                (*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+            )
         self.host = host
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.security = security
+        self.port = security.bind(self.server, f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot bind {host}:{port}; is the port in use?")
         self.metrics_port: int | None = None
@@ -71,7 +80,9 @@ class GrpcProcess:
     def start(self) -> None:
         self.server.start()
         if self._metrics_port_wanted is not None:
-            http_server, _ = start_http_server(self._metrics_port_wanted, registry=self.registry)
+            http_server, _ = start_http_server(
+                self._metrics_port_wanted, addr=self.host, registry=self.registry
+            )
             self.metrics_port = http_server.server_port
         for service in ("", *self.service_names):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -60,6 +60,7 @@ class ManagedProcess:
         if namespace is not None:
             command = ["ip", "netns", "exec", namespace, *command]
         if self.port_file is not None:
+            self.port_file.unlink(missing_ok=True)  # an earlier run's: its ports are gone
             command += ["--port-file", str(self.port_file)]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
@@ -143,14 +144,17 @@ def scheduler_process(
     host: str = LOOPBACK,
     namespace: str | None = None,
     compress_plans: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> ManagedProcess:
-    """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links)."""
+    """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links);
+    ``extra``: more ``heraldps scheduler`` flags (checkpoints, resume)."""
     args = ["scheduler", "--host", host, "--port", "0", "--metrics-port", "0",
             "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
             "--ps", ",".join(ps), "--grace-seconds", "5",
             "--threads", str(2 * workers + 8)]  # fmt: skip
     if compress_plans:
         args.append("--compress-plans")
+    args += extra
     return ManagedProcess("scheduler", args, workdir, port_file=True, host=host,
                           namespace=namespace)  # fmt: skip
 

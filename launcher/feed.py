@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
@@ -29,6 +29,7 @@ from heraldps.datasets import SparseDataset
 from heraldps.errors import Aborted, AlreadyExists, HeraldError, ResourceExhausted, error_from_rpc
 from heraldps.healthcheck import wait_serving
 from heraldps.samples import encode_samples
+from heraldps.security import ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.job import TrainingJob
@@ -54,6 +55,8 @@ class FeedConfig:
     # accepted or an iteration committed) before giving up.
     timeout_seconds: float = 300.0
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    security: ClientSecurity = field(default_factory=ClientSecurity)
 
 
 def submit_batches(
@@ -135,19 +138,19 @@ def run_feed(config: FeedConfig) -> None:
     metrics = FeedMetrics()
     metrics.batches.set(len(batches))
     if config.metrics_port is not None:
-        start_http_server(config.metrics_port, registry=metrics.registry)
+        start_http_server(config.metrics_port, addr=config.metrics_host, registry=metrics.registry)
     timeout = config.timeout_seconds
     deadline = time.monotonic() + timeout
     for address in (*config.ps, config.scheduler):
-        health = wait_serving(address, "", deadline)
+        health = wait_serving(address, "", deadline, security=config.security)
         if not health.serving:
             raise FeedError(f"not ready after {timeout:g} s: {health.message}")
     log.info("shards %s and scheduler %s serve", ",".join(config.ps), config.scheduler)
     options = channel_options(MAX_MESSAGE_BYTES)
-    with grpc.insecure_channel(config.scheduler, options=options) as channel:
+    with open_channel(config.scheduler, options, config.security) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=timeout)
-        with PSClient(list(config.ps), timeout=timeout) as ps:
+        with PSClient(list(config.ps), timeout=timeout, security=config.security) as ps:
             committed = dict(zip(config.ps, ps.shard_committed_iterations(), strict=True))
             _check_cluster(job, len(batches), status, committed)
             _create_tables(ps, job)

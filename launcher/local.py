@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,8 +27,10 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from heraldps import checkpoints
 from heraldps.client import PSClient
 from heraldps.datasets import SparseDataset
+from heraldps.errors import HeraldError
 from heraldps.modes import HET_MODE
 from heraldps.serving import channel_options
 from heraldps.traffic import REPORTED
@@ -75,6 +79,7 @@ class ModeResult:
     # Bytes per process link (in/out) on an emulated network (--link-mbit); empty on loopback.
     link_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
     model: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    restarts: list[Restart] = field(default_factory=list)  # failures resumed from checkpoints
 
     def report(self) -> dict[str, Any]:
         """The mode's figures as ``--json`` writes them (rows, bytes, quality, speed)."""
@@ -111,6 +116,7 @@ class ModeResult:
             "network_share": network_share(phases),
             "link_bytes": self.link_bytes,
             "ps_counted": self.ps_counted,
+            "restarts": [asdict(r) for r in self.restarts],
             "per_iteration": self.per_iteration,
         }
 
@@ -133,15 +139,20 @@ def _ps_counts(shards: list[ManagedProcess]) -> dict[str, int]:
 
 
 def _feed(
-    address: str, batches: list[SparseDataset], stop: threading.Event, compress: bool = False
+    address: str,
+    batches: list[SparseDataset],
+    stop: threading.Event,
+    compress: bool = False,
+    start: int = 0,
 ) -> None:
-    """Submit every global batch (retrying while the scheduler's backlog is full), then Finish;
-    ``compress``: gzip the batches (the scheduler's link is slow)."""
+    """Submit the global batches from ``start`` on (retrying while the scheduler's backlog
+    is full), then Finish; ``compress``: gzip the batches (the scheduler's link is slow)."""
     compression = grpc.Compression.Gzip if compress else None
     with grpc.insecure_channel(
         address, options=channel_options(MAX_MESSAGE_BYTES), compression=compression
     ) as channel:
-        submit_batches(scheduler_pb2_grpc.SchedulerStub(channel), batches, stop=stop)
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        submit_batches(stub, batches, start=start, stop=stop)
 
 
 def evaluate(job: TrainingJob, eval_data: SparseDataset, ps: PSClient) -> tuple[float, float]:
@@ -172,6 +183,30 @@ def read_model(
     }
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """Checkpoints and restarts of one mode's run (``--checkpoint-every``, ``--max-restarts``).
+
+    On any process's failure the whole cluster stops and starts again: fresh shards load
+    the newest complete checkpoint, the scheduler starts at the iteration after it, the
+    workers start with cold caches, and the feeder feeds from that iteration on."""
+
+    checkpoint_every: int = 0
+    checkpoint_dir: Path | None = None  # default: WORKDIR/checkpoints
+    keep: int = 2
+    max_restarts: int = 0
+
+
+@dataclass
+class Restart:
+    """One failure and the resume after it."""
+
+    attempt: int  # the attempt that failed (0: the first start)
+    failure: str  # the first line of its error
+    resumed_at: int  # the first iteration trained again (0: no checkpoint yet)
+    seconds_to_resume: float = float("nan")  # failure seen -> first new commit
+
+
 def run_mode(
     job: TrainingJob,
     mode: str,
@@ -184,94 +219,206 @@ def run_mode(
     store: str = "staged",
     cache_gb: float = 1.0,
     network: ClusterNetwork | None = None,
+    recovery: Recovery | None = None,
 ) -> ModeResult:
-    """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure.
+    """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure
+    (with ``recovery.max_restarts``: after that many whole-cluster restarts).
 
     ``store="cached"`` runs Cached-PS shards (LMDB under ``workdir``) with ``cache_gb`` of
     host cache per table. With ``network`` every process runs in its namespace there."""
+    recovery = recovery or Recovery()
     workdir.mkdir(parents=True, exist_ok=True)
     batches = global_batches(train, job.global_batch, job.iterations, job.epochs)
     job_path = workdir / "job.json"
     job_path.write_text(job.to_json())
-    processes: list[ManagedProcess] = []
-    stop = threading.Event()
-    try:
-        store_args: tuple[str, ...] = ()
-        if store == "cached":
-            store_args = ("--store", "cached", "--data-dir", str(workdir / "ps-data"),
-                          "--cache-gb", str(cache_gb))  # fmt: skip
-        shard_procs = [
-            ps_process(i, shards, workdir, store_args, **_placed(network, f"ps-{i}"))
-            for i in range(shards)
-        ]
-        processes += shard_procs
-        start_servers(shard_procs)
-        addresses = [p.address for p in shard_procs]
-        ps = PSClient(addresses)
-        ps.wait_ready()
-        job.create_tables(ps)
-        # On slow links the samples (batches in, plans out) are the scheduler's load: gzip them.
-        scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir,
-                                      **_placed(network, "scheduler"),
-                                      compress_plans=network is not None)  # fmt: skip
-        processes.append(scheduler)
-        start_servers([scheduler])
-        workers = [
-            worker_process(w, job_path, scheduler.address, addresses, workdir,
-                           **_placed(network, f"worker-{w}"))
-            for w in range(job.workers)
-        ]  # fmt: skip
-        processes += workers
-        links_before = network.link_bytes() if network is not None else {}
-        started = time.perf_counter()
-        errors: list[BaseException] = []
+    checkpoint_dir = recovery.checkpoint_dir or workdir / "checkpoints"
+    if recovery.checkpoint_every or recovery.max_restarts:
+        for old, _ in checkpoints.complete(checkpoint_dir):  # a new run: not an older run's
+            shutil.rmtree(old)
+    restarts: list[Restart] = []
+    failed_at = 0.0
+    for attempt in range(recovery.max_restarts + 1):
+        attempt_run = _Attempt(job, mode, shards, batches, workdir, job_path, store, cache_gb,
+                               network, recovery, checkpoint_dir, attempt)  # fmt: skip
+        error: ClusterError | None = None
+        try:
+            result = attempt_run.train(train, eval_data, progress, keep_model)
+        except ClusterError as exc:
+            error = exc
+        if restarts:  # this attempt resumed after the previous one failed
+            restarts[-1].resumed_at = attempt_run.resumed_at
+            if attempt_run.first_commit is not None:
+                restarts[-1].seconds_to_resume = attempt_run.first_commit - failed_at
+        if error is None:
+            result.restarts = restarts
+            return result
+        if attempt >= recovery.max_restarts:
+            if restarts:
+                raise ClusterError(f"{error}\n(after {len(restarts)} restarts)") from None
+            raise error
+        failed_at = time.perf_counter()
+        what = str(error).splitlines()[0].split("; its log")[0]  # the log stays: NAME.log.N
+        restarts.append(Restart(attempt, what, resumed_at=-1))
+        _keep_logs(workdir, attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
 
-        def feed() -> None:
-            try:
-                _feed(scheduler.address, batches, stop, compress=network is not None)
-            except BaseException as exc:  # reported by the monitor loop
-                errors.append(exc)
 
-        feeder = threading.Thread(target=feed, name="feeder", daemon=True)
-        feeder.start()
-        first_commit = _monitor(
-            scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress, errors
-        )
-        seconds = time.perf_counter() - started
-        link_bytes = _link_delta(links_before, network.link_bytes() if network else {})
-        # Throughput from the first commit on: worker start-up is not training.
-        steady = time.perf_counter() - (first_commit or started)
-        steady_samples = (len(batches) - (1 if first_commit else 0)) * job.global_batch
-        reports = [
-            json.loads((workdir / f"worker-{w}.json").read_text()) for w in range(job.workers)
-        ]
-        traffic, per_iteration = _combine(reports, len(batches), job.global_batch)
-        ps_counted = _ps_counts(shard_procs)
-        auc_value = logloss_value = float("nan")
-        if eval_data is not None:
-            auc_value, logloss_value = evaluate(job, eval_data, ps)
-        dense_size = job.model().dense_size
-        kept = read_model(job, ps, np.unique(train.keys), dense_size) if keep_model else {}
-        ps.close()
-        return ModeResult(
-            mode=mode,
-            iterations=len(batches),
-            seconds=seconds,
-            samples_per_second=steady_samples / max(steady, 1e-9),
-            traffic=traffic,
-            ps_counted=ps_counted,
-            per_iteration=per_iteration,
-            auc=auc_value,
-            logloss=logloss_value,
-            row_bytes=job.row_bytes(mode),
-            global_batch=job.global_batch,
-            link_bytes=link_bytes,
-            model=kept,
-        )
-    finally:
-        stop.set()
-        for process in reversed(processes):
-            process.stop()
+def _keep_logs(workdir: Path, attempt: int) -> None:
+    """Keep a failed attempt's logs as ``NAME.log.ATTEMPT`` (the next attempt rewrites them)."""
+    for log_file in workdir.glob("*.log"):
+        log_file.replace(log_file.with_name(f"{log_file.name}.{attempt}"))
+
+
+class _Attempt:
+    """One start of a mode's cluster: train until the end or the first failure."""
+
+    def __init__(
+        self,
+        job: TrainingJob,
+        mode: str,
+        shards: int,
+        batches: list[SparseDataset],
+        workdir: Path,
+        job_path: Path,
+        store: str,
+        cache_gb: float,
+        network: ClusterNetwork | None,
+        recovery: Recovery,
+        checkpoint_dir: Path,
+        attempt: int,
+    ) -> None:
+        self.job, self.mode, self.shards, self.batches = job, mode, shards, batches
+        self.workdir, self.job_path, self.store, self.cache_gb = workdir, job_path, store, cache_gb
+        self.network, self.recovery, self.attempt = network, recovery, attempt
+        self.checkpoint_dir = checkpoint_dir
+        self.resumed_at = -1  # the first batch this attempt feeds
+        self.first_commit: float | None = None  # when an iteration past the resume committed
+
+    def _first_commit(self, when: float) -> None:
+        self.first_commit = when
+
+    def _scheduler_flags(self) -> tuple[str, ...]:
+        r = self.recovery
+        if not (r.checkpoint_every or r.max_restarts):
+            return ()
+        job_id = checkpoints.fingerprint(self.job.to_json(), self.mode)
+        flags: tuple[str, ...] = (
+            "--checkpoint-every", str(r.checkpoint_every), "--checkpoint-dir",
+            str(self.checkpoint_dir), "--keep-checkpoints", str(r.keep),
+            "--job-fingerprint", job_id,
+        )  # fmt: skip
+        if self.attempt > 0:
+            flags += ("--resume-from", str(self.checkpoint_dir))
+        return flags
+
+    def train(
+        self,
+        train: SparseDataset,
+        eval_data: SparseDataset | None,
+        progress: Progress | None,
+        keep_model: bool,
+    ) -> ModeResult:
+        job, mode, shards, batches = self.job, self.mode, self.shards, self.batches
+        workdir, network = self.workdir, self.network
+        processes: list[ManagedProcess] = []
+        stop = threading.Event()
+        try:
+            store_args: tuple[str, ...] = ()
+            if self.store == "cached":  # a fresh store per attempt: the checkpoint is the state
+                data_dir = workdir / ("ps-data" if not self.attempt else f"ps-data.{self.attempt}")
+                store_args = ("--store", "cached", "--data-dir", str(data_dir),
+                              "--cache-gb", str(self.cache_gb))  # fmt: skip
+            shard_procs = [
+                ps_process(i, shards, workdir, store_args, **_placed(network, f"ps-{i}"))
+                for i in range(shards)
+            ]
+            processes += shard_procs
+            start_servers(shard_procs)
+            addresses = [p.address for p in shard_procs]
+            ps = PSClient(addresses)
+            ps.wait_ready()
+            job.create_tables(ps)
+            # On slow links the samples (batches in, plans out) are the scheduler's load: gzip.
+            scheduler = scheduler_process(job.workers, job.cache_rows, mode, addresses, workdir,
+                                          **_placed(network, "scheduler"),
+                                          compress_plans=network is not None,
+                                          extra=self._scheduler_flags())  # fmt: skip
+            processes.append(scheduler)
+            start_servers([scheduler])
+            start = self.resumed_at = _next_batch(scheduler.address)
+            workers = [
+                worker_process(w, self.job_path, scheduler.address, addresses, workdir,
+                               **_placed(network, f"worker-{w}"))
+                for w in range(job.workers)
+            ]  # fmt: skip
+            processes += workers
+            links_before = network.link_bytes() if network is not None else {}
+            started = time.perf_counter()
+            errors: list[BaseException] = []
+
+            def feed() -> None:
+                try:
+                    _feed(scheduler.address, batches, stop, compress=network is not None,
+                          start=start)  # fmt: skip
+                except BaseException as exc:  # reported by the monitor loop
+                    errors.append(exc)
+
+            feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+            feeder.start()
+            first_commit = _monitor(
+                scheduler, [*shard_procs, scheduler], workers, len(batches), mode, progress,
+                errors, after=start - 1, on_first_commit=self._first_commit,
+            )  # fmt: skip
+            seconds = time.perf_counter() - started
+            link_bytes = _link_delta(links_before, network.link_bytes() if network else {})
+            # Throughput from the first commit on: worker start-up is not training.
+            steady = time.perf_counter() - (first_commit or started)
+            trained = len(batches) - start
+            steady_samples = (trained - (1 if first_commit else 0)) * job.global_batch
+            reports = [
+                json.loads((workdir / f"worker-{w}.json").read_text()) for w in range(job.workers)
+            ]
+            traffic, per_iteration = _combine(reports, len(batches), job.global_batch)
+            ps_counted = _ps_counts(shard_procs)
+            auc_value = logloss_value = float("nan")
+            if eval_data is not None:
+                auc_value, logloss_value = evaluate(job, eval_data, ps)
+            dense_size = job.model().dense_size
+            kept = read_model(job, ps, np.unique(train.keys), dense_size) if keep_model else {}
+            ps.close()
+            return ModeResult(
+                mode=mode,
+                iterations=len(batches),
+                seconds=seconds,
+                samples_per_second=steady_samples / max(steady, 1e-9),
+                traffic=traffic,
+                ps_counted=ps_counted,
+                per_iteration=per_iteration,
+                auc=auc_value,
+                logloss=logloss_value,
+                row_bytes=job.row_bytes(mode),
+                global_batch=job.global_batch,
+                link_bytes=link_bytes,
+                model=kept,
+            )
+        except (TimeoutError, grpc.RpcError, HeraldError) as exc:
+            if isinstance(exc, ClusterError):
+                raise
+            dead = [f"{p.name} (exit {p.proc.poll()})" for p in processes
+                    if p.proc.poll() not in (None, 0)]  # fmt: skip
+            raise ClusterError(f"{mode}: {exc}; exited: {', '.join(dead) or 'none'}") from exc
+        finally:
+            stop.set()
+            for process in reversed(processes):
+                process.stop()
+
+
+def _next_batch(address: str) -> int:
+    """The first batch the scheduler expects: 0, or the iteration after its checkpoint."""
+    with grpc.insecure_channel(address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
+        return int(status.next_batch_iteration)
 
 
 def _link_delta(
@@ -300,10 +447,13 @@ def _monitor(
     mode: str,
     progress: Progress | None,
     errors: list[BaseException],
+    after: int = -1,
+    on_first_commit: Callable[[float], None] | None = None,
 ) -> float | None:
     """Wait for every worker to exit 0; fail fast (with the log) when any process dies.
 
-    Returns when the first iteration was seen committed (None if never seen)."""
+    Returns when the first iteration past ``after`` (a resumed checkpoint's) was seen
+    committed (None if never seen)."""
     first_commit: float | None = None
     with grpc.insecure_channel(scheduler.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -323,8 +473,10 @@ def _monitor(
                 status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=5)
             except grpc.RpcError:
                 status = None
-            if status is not None and status.committed_iteration >= 0 and first_commit is None:
+            if status is not None and status.committed_iteration > after and first_commit is None:
                 first_commit = time.perf_counter()
+                if on_first_commit is not None:
+                    on_first_commit(first_commit)
             if progress is not None and status is not None:
                 r = status.reported
                 so_far = {
@@ -390,14 +542,17 @@ def run_local(
     cache_gb: float = 1.0,
     link_mbit: float | None = None,
     ps_link_mbit: float | None = None,
+    recovery: Recovery | None = None,
 ) -> dict[str, ModeResult]:
     """Every mode on its own fresh cluster, same batches and model; results by mode.
 
     Without ``workdir`` the logs live in a temporary directory that is removed at the
     end, so a failure's message says so instead of naming a file that no longer exists.
     With ``link_mbit`` every process runs behind its own link of that rate (PS shards:
-    ``ps_link_mbit``) on one emulated network, built once for all modes.
+    ``ps_link_mbit``) on one emulated network, built once for all modes. ``recovery``:
+    checkpoints and restarts; its ``checkpoint_dir`` gets one folder per mode.
     """
+    recovery = recovery or Recovery()
     results = {}
     network: contextlib.AbstractContextManager[ClusterNetwork | None] = contextlib.nullcontext()
     if link_mbit is not None:
@@ -409,7 +564,7 @@ def run_local(
                 results[mode] = run_mode(
                     job if mode == HET_MODE else replace(job, staleness=0),
                     mode, shards, train, eval_data, root / mode, progress, store=store,
-                    cache_gb=cache_gb, network=net,
+                    cache_gb=cache_gb, network=net, recovery=_for_mode(recovery, mode),
                 )  # fmt: skip
             except ClusterError as exc:
                 if workdir is not None:
@@ -421,3 +576,10 @@ def run_local(
             if progress is not None:
                 progress.done(mode, results[mode])
     return results
+
+
+def _for_mode(recovery: Recovery, mode: str) -> Recovery:
+    """Each mode checkpoints into its own folder of ``--checkpoint-dir``."""
+    if recovery.checkpoint_dir is None:
+        return recovery
+    return replace(recovery, checkpoint_dir=recovery.checkpoint_dir / mode)

@@ -209,10 +209,11 @@ class CachedStore(ShardTables[CachedTable]):
         keys: npt.NDArray[np.int64],
         grads: npt.NDArray[np.float32],
         steps: npt.NDArray[np.int32] | None = None,
+        worker: int = 0,
     ) -> bool:
         table = self.table(name)
         with self._write_lock:
-            return table.push(iteration, keys, grads, self._write_txn, steps)
+            return table.push(iteration, keys, grads, self._write_txn, steps, worker)
 
     def commit(self, iteration: int) -> tuple[int, bool]:
         """Apply buffered gradients through ``iteration`` durably; (rows updated, already)."""

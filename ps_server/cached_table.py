@@ -32,10 +32,11 @@ from ps_server.checks import (
     check_versions_unchanged,
     check_write_back,
 )
+from ps_server.grad_buffer import GradBuffer
 from ps_server.kernels import copy_clocks, copy_rows
 from ps_server.lmdb_rows import LmdbRows
 from ps_server.row_cache import RowCache
-from ps_server.table import GradBuffer, RowBlock, paced_steps, sum_duplicates
+from ps_server.table import RowBlock, paced_steps, sum_duplicates
 
 
 @dataclass
@@ -207,9 +208,11 @@ class CachedTable:
         grads: npt.NDArray[np.float32],
         txn_factory: Any,
         steps: npt.NDArray[np.int32] | None = None,
+        worker: int = 0,
     ) -> bool:
         """Buffer gradients for ``iteration``; an immediate table writes through at once.
-        ``steps``: optimizer steps each gradient row stands for (None: 1 each)."""
+        ``steps``: optimizer steps each gradient row stands for (None: 1 each);
+        ``worker``: who pushed (a commit adds workers' sums in worker order)."""
         with self.lock:
             if self.spec.update_mode is UpdateMode.IMMEDIATE:
                 unique, summed, unique_steps = sum_duplicates(keys, grads, steps)
@@ -223,7 +226,7 @@ class CachedTable:
                 return True
             check_push_iteration(self.name, iteration, self.committed_iteration)
             buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
-            buffer.add(keys, grads, steps)
+            buffer.add(keys, grads, steps, worker)
             self._buffers[iteration] = buffer
             return False
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
+from heraldps.security import ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import ps_pb2
 from ps_server import snapshot
@@ -22,13 +23,18 @@ from ps_server.store import StagedStore
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+# The RPCs that create, replace, commit or copy out a model: the admin role's alone
+# (heraldps.auth); workers train with the rest.
+ADMIN_METHODS = tuple(
+    f"/{SERVICE_NAME}/{m}" for m in ("Save", "Load", "CreateTable", "Commit", "ExportIncremental")
+)
 
 
 @dataclass(frozen=True)
 class PSConfig:
     """Everything a shard process is configured with (CLI flags / HERALDPS_* env)."""
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly
     port: int = 7001
     shard_index: int = 0
     num_shards: int = 1
@@ -45,7 +51,9 @@ class PSConfig:
     max_num_evict: int = -1
     durability: str = "sync"
     max_disk_gb: float = 1024.0
-    restore: str | None = None  # a Save snapshot to load at start
+    restore: str | None = None  # a Save snapshot to load at start (not confined: the operator's)
+    snapshot_root: str | None = None  # Save/Load paths stay under it (None: any path)
+    security: ServerSecurity = field(default_factory=ServerSecurity)
 
     def __post_init__(self) -> None:
         if self.store not in ("staged", "cached"):
@@ -63,10 +71,21 @@ class PSConfig:
             )
         if self.max_message_mb < 1:
             raise ValueError(f"--max-message-mb must be >= 1, got {self.max_message_mb}")
+        if self.snapshot_root and self.data_dir and _overlap(self.snapshot_root, self.data_dir):
+            raise ValueError(
+                f"--snapshot-root {self.snapshot_root!r} and --data-dir {self.data_dir!r} "
+                "overlap: a Save there could overwrite the live store; keep them apart"
+            )
 
     @property
     def max_message_bytes(self) -> int:
         return self.max_message_mb * 2**20
+
+
+def _overlap(a: str, b: str) -> bool:
+    """One directory is the other or lies inside it (after resolving links)."""
+    first, second = Path(a).resolve(), Path(b).resolve()
+    return first.is_relative_to(second) or second.is_relative_to(first)
 
 
 def _serialize(message: Message | bytes) -> bytes:
@@ -101,6 +120,7 @@ class PSServer(GrpcProcess):
 
     def __init__(self, config: PSConfig) -> None:
         self.config = config
+        config.security.check()
         limit = None
         if config.memory_limit_gb is not None:
             limit = int(config.memory_limit_gb * 2**30)
@@ -123,7 +143,9 @@ class PSServer(GrpcProcess):
             rows = self.store.replace_all(iteration, tables)
             log.info("restored %d rows at iteration %d from %s", rows, iteration, config.restore)
         self.metrics = PSMetrics(config.shard_index)
-        self.servicer = ParameterServerServicer(self.store, self.metrics, config.max_message_bytes)
+        self.servicer = ParameterServerServicer(
+            self.store, self.metrics, config.max_message_bytes, config.snapshot_root
+        )
         super().__init__(
             name=f"shard {config.shard_index}/{config.num_shards}",
             host=config.host,
@@ -135,6 +157,8 @@ class PSServer(GrpcProcess):
             metrics_port=config.metrics_port,
             port_file=config.port_file,
             grace_seconds=config.grace_seconds,
+            security=config.security,
+            admin_methods=ADMIN_METHODS,
         )
         add_servicer(self.servicer, self.server)
 

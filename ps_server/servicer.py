@@ -11,7 +11,6 @@ import errno
 import logging
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 
@@ -25,7 +24,7 @@ from heraldps.errors import (
 from heraldps.spec import TableSpec
 from heraldps.status import stream_handler, unary_handler
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
-from ps_server import snapshot
+from ps_server import paths, snapshot
 from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachedTable
 from ps_server.checks import check_steps
@@ -50,8 +49,15 @@ def _os_error(exc: OSError, what: str) -> HeraldError:
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     """Serves one shard's store."""
 
-    def __init__(self, store: Store, metrics: PSMetrics, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: PSMetrics,
+        max_message_bytes: int,
+        snapshot_root: str | None = None,
+    ) -> None:
         self.store = store
+        self.snapshot_root = snapshot_root  # Save/Load stay under it (ps_server.paths)
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
         metrics.memory_limit.labels(metrics.shard).set(store.budget.limit_bytes or 0)
@@ -166,7 +172,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if request.steps:
             steps = wire.decode_counts(request.steps, keys.shape[0], "steps")
             check_steps(steps)
-        applied = self.store.push(table.name, request.iteration, keys, grads, steps)
+        if request.worker < 0:
+            raise InvalidArgument(
+                f"push: worker is {request.worker}; send the pushing worker's id (>= 0), "
+                "or leave it 0"
+            )
+        applied = self.store.push(table.name, request.iteration, keys, grads, steps,
+                                  request.worker)  # fmt: skip
         self.metrics.pushed.labels(self.metrics.shard, table.name).inc(keys.shape[0])
         self._observe_size(table)
         return ps_pb2.PushGradientsResponse(rows=keys.shape[0], applied=applied)
@@ -223,7 +235,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """
         if not request.path:
             raise InvalidArgument("save: path is empty; pass a directory to write the snapshot to")
-        root, keep_out = Path(request.path), self.store.data_paths()
+        root = paths.confine(request.path, self.snapshot_root, "save")
+        keep_out = self.store.data_paths()
         shard, shards = self.store.shard_index, self.store.num_shards
         try:
             snapshot.check_target(root, shard, shards, keep_out)
@@ -247,7 +260,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             raise InvalidArgument("load: path is empty; pass the directory given to Save")
         try:
             iteration, tables = snapshot.read_for_shard(
-                Path(request.path), self.store.shard_index, self.store.num_shards
+                paths.confine(request.path, self.snapshot_root, "load"),
+                self.store.shard_index,
+                self.store.num_shards,
             )
         except OSError as exc:
             raise _os_error(exc, f"load from {request.path!r}") from None

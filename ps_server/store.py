@@ -67,8 +67,9 @@ class StagedStore(ShardTables[StagedTable]):
         keys: npt.NDArray[np.int64],
         grads: npt.NDArray[np.float32],
         steps: npt.NDArray[np.int32] | None = None,
+        worker: int = 0,
     ) -> bool:
-        return self.table(name).push(iteration, keys, grads, steps)
+        return self.table(name).push(iteration, keys, grads, steps, worker)
 
     def prefetch(self, name: str, keys: npt.NDArray[np.int64]) -> int:
         """Every row already lives in memory: count the distinct keys the table holds."""

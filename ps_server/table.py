@@ -31,6 +31,7 @@ from ps_server.checks import (
     check_versions_unchanged,
     check_write_back,
 )
+from ps_server.grad_buffer import GradBuffer
 from ps_server.kernels import gather_rows, scatter_add_rows
 from ps_server.memory import MemoryBudget
 
@@ -49,58 +50,6 @@ class RowBlock:
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
-
-
-class GradBuffer:
-    """Summed gradients of one iteration, one row per distinct key, with the number of
-    optimizer steps each row stands for (the largest of its pushes; 1 unless a push said)."""
-
-    def __init__(self, dim: int) -> None:
-        self.index = KeyIndex()
-        self.keys = np.empty(0, dtype=np.int64)
-        self.grads = np.empty((0, dim), dtype=np.float32)
-        self.steps = np.empty(0, dtype=np.int32)
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    @property
-    def nbytes(self) -> int:
-        return self.index.nbytes + len(self) * self._row_bytes
-
-    @property
-    def _row_bytes(self) -> int:
-        return 8 + 4 * self.grads.shape[1] + 4
-
-    def bytes_after(self, new_keys: int) -> int:
-        rows = len(self) + new_keys
-        return KeyIndex.bytes_for(rows) + rows * self._row_bytes
-
-    def add(
-        self,
-        keys: npt.NDArray[np.int64],
-        grads: npt.NDArray[np.float32],
-        steps: npt.NDArray[np.int32] | None = None,
-    ) -> None:
-        slots = self.index.insert(keys)
-        size = len(self.index)
-        if size > self.keys.shape[0]:
-            capacity = max(size, 2 * self.keys.shape[0], 256)
-            old = self.keys.shape[0]
-            self.keys = hostmem.grown(self.keys, capacity)
-            self.grads = hostmem.grown(self.grads, capacity)
-            self.steps = hostmem.grown(self.steps, capacity)
-            self.steps[old:] = 1
-        self.keys[slots] = keys
-        scatter_add_rows(self.grads, slots, grads)
-        if steps is not None:
-            np.maximum.at(self.steps, slots, steps)
-
-    def contents(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int32]]:
-        n = len(self)
-        return self.keys[:n], self.grads[:n], self.steps[:n]
 
 
 def sum_duplicates(
@@ -293,9 +242,11 @@ class StagedTable:
         keys: npt.NDArray[np.int64],
         grads: npt.NDArray[np.float32],
         steps: npt.NDArray[np.int32] | None = None,
+        worker: int = 0,
     ) -> bool:
         """Buffer gradients for ``iteration`` (or apply at once); True if applied.
-        ``steps``: optimizer steps each gradient row stands for (None: 1 each)."""
+        ``steps``: optimizer steps each gradient row stands for (None: 1 each);
+        ``worker``: who pushed (a commit adds workers' sums in worker order)."""
         what = f"push of {keys.shape[0]} gradients to {self.name!r}"
         with self.lock:
             if self.spec.update_mode is UpdateMode.IMMEDIATE:
@@ -308,15 +259,13 @@ class StagedTable:
                 return True
             check_push_iteration(self.name, iteration, self.committed_iteration)
             buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
-            new_in_buffer = keys[buffer.index.lookup(keys) < 0]
-            new_in_buffer = distinct(new_in_buffer)[0]
+            growth, new_in_buffer = buffer.growth(keys, worker)
             new_rows = int((self._index.lookup(new_in_buffer) < 0).sum())
-            growth = buffer.bytes_after(new_in_buffer.shape[0]) - buffer.nbytes
             self._account(self._charged + growth + new_rows * self.row_bytes, what)
             # Conservative: a key new to the table in two pending iterations is
             # reserved twice until the buffers are committed.
             self._pending_row_reserve += new_rows
-            buffer.add(keys, grads, steps)
+            buffer.add(keys, grads, steps, worker)
             self._buffers[iteration] = buffer
             self._account(self._exact_bytes(), what)
             return False

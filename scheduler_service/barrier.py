@@ -52,6 +52,8 @@ class Barrier:
         self._done: dict[int, set[int]] = {}
         self._loss: dict[int, tuple[float, int]] = {}
         self.last_loss = float("nan")
+        self._samples: dict[int, int] = {}  # samples of each uncommitted batch
+        self.samples_committed = 0  # samples of every committed batch (the data position)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
 
@@ -104,6 +106,7 @@ class Barrier:
                     f"{self.max_backlog}); retry after the workers catch up"
                 )
             released = self.scheduler.submit(batch)
+            self._samples[batch.iteration] = batch.samples
             if batch.data is not None:
                 self._data[batch.iteration] = batch.data
             if expected is None:  # training may resume at any iteration (e.g. after Load)
@@ -186,12 +189,25 @@ class Barrier:
         self._commit(iteration)
         with self._lock:
             self.committed = iteration
+            self.samples_committed += self._samples.pop(iteration, 0)
             loss, count = self._loss.pop(iteration)
             self.last_loss = loss / count if count else float("nan")
             del self._plans[iteration]
             del self._done[iteration]
             self._changed.notify_all()
         return True
+
+    def resume_at(self, committed: int, samples_committed: int) -> None:
+        """Start after a checkpoint: ``committed`` is done, its next batch comes first."""
+        with self._lock:
+            self.committed = committed
+            self.samples_committed = samples_committed
+            self.scheduler.next_iteration = committed + 1
+
+    def samples_through(self, iteration: int) -> int:
+        """Samples of every batch up to ``iteration`` (committed, or being committed)."""
+        with self._lock:
+            return self.samples_committed + self._samples.get(iteration, 0)
 
     def wait_committed(self, iteration: int, timeout: float) -> bool:
         """Block until ``iteration`` is committed; False when ``timeout`` passed first."""

@@ -127,3 +127,12 @@ class CacheMirror:
 
     def dirty_rows(self) -> int:
         return int((self.dirty_owner[: len(self.index)] >= 0).sum())
+
+    def take_dirty(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(owner, key) of every dirty row, now marked clean: its owner writes it back at a
+        checkpoint and keeps it cached, the valid copy it was (holders do not change)."""
+        owners = self.dirty_owner[: len(self.index)]
+        kids = np.flatnonzero(owners >= 0)
+        workers, keys = owners[kids].copy(), self.key[kids].copy()
+        owners[kids] = -1
+        return workers, keys

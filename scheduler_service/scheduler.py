@@ -151,10 +151,21 @@ MODES: dict[str, tuple[type[Partitioner], type[SyncPlanner]]] = {
 }
 
 
-class Scheduler:
-    """Plans batches in order; ``submit`` returns the previous batch's final plans."""
+def is_checkpoint(iteration: int, every: int) -> bool:
+    """Whether ``iteration`` ends a checkpoint when one is taken every ``every`` (0: never)."""
+    return every > 0 and (iteration + 1) % every == 0
 
-    def __init__(self, num_workers: int, capacity: int, mode: str = "herald") -> None:
+
+class Scheduler:
+    """Plans batches in order; ``submit`` returns the previous batch's final plans.
+
+    With ``checkpoint_every`` N, the plans of every N-th iteration t carry ``checkpoint``
+    and write back every row still dirty at the end of t (the mirror marks them clean),
+    so the PS alone holds the model once t is committed."""
+
+    def __init__(
+        self, num_workers: int, capacity: int, mode: str = "herald", checkpoint_every: int = 0
+    ) -> None:
         if mode not in MODES:
             raise InvalidArgument(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         partitioner, planner = MODES[mode]
@@ -164,6 +175,7 @@ class Scheduler:
         self.early = EarlyPulls() if mode == PIPELINED_MODE else None
         self.mirror = CacheMirror(num_workers, capacity)
         self.counts = Traffic()
+        self.checkpoint_every = checkpoint_every
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
 
@@ -195,6 +207,7 @@ class Scheduler:
             w = int(sizes.argmax())
             raise CacheTooSmall(w, batch.iteration, int(sizes[w]), mirror.capacity)
         # Validated: from here on the mirror changes.
+        flush_workers, flush_keys = self._checkpoint_flush()
         mirror.reserve(wl_offsets)
         (ev_offsets, evicted, pl_offsets, pulled, trained, co_start, dirty_evicted,
          hits) = kernels.cache_ops(
@@ -210,6 +223,9 @@ class Scheduler:
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
 
+        if flush_keys.shape[0]:  # written back at the checkpoint, with the previous lists
+            prev_workers = np.concatenate([prev_workers, flush_workers])
+            prev_keys = np.concatenate([prev_keys, flush_keys])
         samples_order = np.argsort(assign, kind="stable")
         m = batch.samples_per_worker
         wb_offsets, wb_keys = _sorted_by_worker(now_workers, now_keys, n)
@@ -223,6 +239,7 @@ class Scheduler:
                 update_local=trained[wl_offsets[w] : co_start[w]],
                 push_grads=trained[co_start[w] : wl_offsets[w + 1]],
                 write_back=wb_keys[wb_offsets[w] : wb_offsets[w + 1]],
+                checkpoint=is_checkpoint(batch.iteration, self.checkpoint_every),
             )
             for w in range(n)
         ]
@@ -231,6 +248,13 @@ class Scheduler:
         self.next_iteration = batch.iteration + 1
         self.counts.iterations += 1
         return released
+
+    def _checkpoint_flush(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(worker, key) of the rows the pending plans write back because their iteration
+        ends a checkpoint: every dirty row, before the next batch's plans see the mirror."""
+        if not (self._pending and self._pending[0].checkpoint):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        return self.mirror.take_dirty()
 
     def finish(self) -> list[CommPlan]:
         """Release the last plans; rows still dirty are counted as the final flush."""
@@ -282,11 +306,12 @@ class SampleScheduler:
 
     mode = HET_MODE
 
-    def __init__(self, num_workers: int, capacity: int) -> None:
+    def __init__(self, num_workers: int, capacity: int, checkpoint_every: int = 0) -> None:
         if capacity < 1:
             raise InvalidArgument(f"cache capacity must be >= 1 row, got {capacity}")
         self.num_workers = num_workers
         self.capacity = capacity
+        self.checkpoint_every = checkpoint_every
         self.counts = Traffic()
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
@@ -298,7 +323,12 @@ class SampleScheduler:
         released, self._pending = (
             self._pending,
             [
-                CommPlan(batch.iteration, w, samples=samples[w * m : (w + 1) * m])
+                CommPlan(
+                    batch.iteration,
+                    w,
+                    samples=samples[w * m : (w + 1) * m],
+                    checkpoint=is_checkpoint(batch.iteration, self.checkpoint_every),
+                )
                 for w in range(self.num_workers)
             ],
         )
@@ -311,11 +341,13 @@ class SampleScheduler:
         return released
 
 
-def make_scheduler(num_workers: int, capacity: int, mode: str) -> Scheduler | SampleScheduler:
+def make_scheduler(
+    num_workers: int, capacity: int, mode: str, checkpoint_every: int = 0
+) -> Scheduler | SampleScheduler:
     """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``."""
     if mode == HET_MODE:
-        return SampleScheduler(num_workers, capacity)
-    return Scheduler(num_workers, capacity, mode)
+        return SampleScheduler(num_workers, capacity, checkpoint_every)
+    return Scheduler(num_workers, capacity, mode, checkpoint_every)
 
 
 SERVICE_MODES = ALL_MODES

@@ -8,10 +8,12 @@ from dataclasses import asdict, dataclass, field
 
 from heraldps.client import PSClient
 from heraldps.modes import PIPELINED_MODE
+from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier
+from scheduler_service.checkpointer import CheckpointConfig, Checkpointer
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
 from scheduler_service.servicer import SchedulerServicer
@@ -19,7 +21,10 @@ from scheduler_service.shadow import NaiveShadow
 
 log = logging.getLogger(__name__)
 
+RESUME_WAIT_SECONDS = 120.0  # for the shards to come up before a resume loads them
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+# Feeding batches and ending the run are the operator's (the feed's); workers have the rest.
+ADMIN_METHODS = tuple(f"/{SERVICE_NAME}/{m}" for m in ("SubmitBatch", "Finish"))
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,7 @@ class SchedulerConfig:
     mode: str = "herald"
     table: str = "emb"
     ps: tuple[str, ...] = field(default_factory=tuple)
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly
     port: int = 7100
     metrics_port: int | None = None
     max_backlog: int = 4
@@ -44,6 +49,10 @@ class SchedulerConfig:
     # (and not run) in mode naive, whose own counts are the baseline.
     shadow_naive: bool = True
     compress_plans: bool = False  # gzip WatchPlans (the samples travel in the plans)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    security: ServerSecurity = field(default_factory=ServerSecurity)
+    # What the scheduler presents to the PS shards; it commits, so it needs the admin token.
+    ps_security: ClientSecurity = field(default_factory=ClientSecurity)
 
     def __post_init__(self) -> None:
         if self.mode not in SERVICE_MODES:
@@ -58,6 +67,8 @@ class SchedulerConfig:
                 f"--threads {self.threads} is too few for {self.workers} workers' {held}; "
                 f"use at least {self.min_threads}"
             )
+        if (self.checkpoints.every or self.checkpoints.resume_from) and not self.ps:
+            raise ValueError("--checkpoint-every and --resume-from need --ps (the shards)")
         if self.pipelined and self.max_backlog < 2:
             raise ValueError(
                 f"--mode {PIPELINED_MODE} releases plan t+1 while t trains, which needs "
@@ -78,9 +89,17 @@ class SchedulerConfig:
 class SchedulerServer(GrpcProcess):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.ps = PSClient(list(config.ps)) if config.ps else None
-        scheduler = make_scheduler(config.workers, config.cache_rows, config.mode)
+        config.security.check()
+        self.ps = PSClient(list(config.ps), security=config.ps_security) if config.ps else None
+        scheduler = make_scheduler(
+            config.workers, config.cache_rows, config.mode, config.checkpoints.every
+        )
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
+        self.checkpointer = (
+            Checkpointer(config.checkpoints, self.ps, config.mode, config.workers)
+            if self.ps is not None
+            else None
+        )
         self.metrics = SchedulerMetrics(config.mode)
         self.shadow = (
             NaiveShadow(config.workers, config.cache_rows)
@@ -96,6 +115,7 @@ class SchedulerServer(GrpcProcess):
             self.stopping,
             self.shadow,
             compress_plans=config.compress_plans,
+            sessions=config.security.tokens().enabled,
         )
         super().__init__(
             name="scheduler",
@@ -108,6 +128,8 @@ class SchedulerServer(GrpcProcess):
             metrics_port=config.metrics_port,
             port_file=config.port_file,
             grace_seconds=config.grace_seconds,
+            security=config.security,
+            admin_methods=ADMIN_METHODS,
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
 
@@ -124,8 +146,23 @@ class SchedulerServer(GrpcProcess):
         if self.ps is not None:
             self.ps.commit(iteration)
         log.info("committed iteration %d", iteration)
+        if self.checkpointer is not None:  # before the next plans flow: nothing newer on the PS
+            self.checkpointer.after_commit(iteration, self.barrier.samples_through(iteration))
+
+    def resume(self) -> None:
+        """Load the checkpoint ``--resume-from`` names into the shards and start after it,
+        before serving: no worker sees a plan before the model is in place."""
+        if self.checkpointer is None or not self.config.checkpoints.resume_from:
+            return
+        assert self.ps is not None
+        self.ps.wait_ready(timeout=RESUME_WAIT_SECONDS)
+        manifest = self.checkpointer.resume()
+        if manifest is not None:
+            self.barrier.resume_at(manifest.iteration, manifest.samples_seen)
+            self.metrics.committed.set(manifest.iteration)
 
     def start(self) -> None:
+        self.resume()
         super().start()
         log.info("config %s", asdict(self.config))
 

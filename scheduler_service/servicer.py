@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import grpc
 
 from heraldps import wire
+from heraldps.auth import SESSION_METADATA_KEY
 from heraldps.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from heraldps.plan import CommPlan, plan_to_proto
 from heraldps.samples import decode_samples
@@ -19,6 +20,7 @@ from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier
 from scheduler_service.batch import Batch
 from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.sessions import WorkerSessions
 from scheduler_service.shadow import NaiveShadow
 
 log = logging.getLogger(__name__)
@@ -43,8 +45,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         stopping: threading.Event,
         shadow: NaiveShadow | None = None,
         compress_plans: bool = False,
+        sessions: bool = False,
     ) -> None:
+        """``sessions``: refuse plans and reports without the worker's session."""
         self.barrier = barrier
+        self.sessions = WorkerSessions(enforce=sessions)
         self.metrics = metrics
         self.table = table
         self.stopping = stopping
@@ -80,6 +85,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 f"got {address[:80]!r}"
             )
         self.barrier.register(request.worker_id, address)
+        session = self.sessions.issue(request.worker_id)
+        context.set_trailing_metadata(((SESSION_METADATA_KEY, session),))
         self._waiting_since[request.worker_id] = time.monotonic()
         self.metrics.registered.set(len(self.barrier.registered))
         self.metrics.start_worker(request.worker_id)
@@ -137,6 +144,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def WatchPlans(
         self, request: scheduler_pb2.WatchPlansRequest, context: grpc.ServicerContext
     ) -> Iterator[scheduler_pb2.CommPlan]:
+        self.sessions.check(request.worker_id, context.invocation_metadata())
         iteration: int | None = None  # the iteration in progress, once batches arrive
         if self.compress_plans:
             context.set_compression(grpc.Compression.Gzip)
@@ -160,6 +168,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def ReportDone(
         self, request: scheduler_pb2.ReportDoneRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.ReportDoneResponse:
+        self.sessions.check(request.worker_id, context.invocation_metadata())
         committed = self.barrier.report_done(
             request.worker_id, request.iteration, request.loss_sum, request.samples
         )

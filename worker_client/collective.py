@@ -33,6 +33,7 @@ from heraldps.errors import (
     ResourceExhausted,
     error_from_rpc,
 )
+from heraldps.security import OPEN, PLAIN, ClientSecurity, ServerSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.status import unary_handler
 from heraldps.v1 import collective_pb2, collective_pb2_grpc
@@ -147,13 +148,14 @@ class AllReduce:
         mailbox: Mailbox,
         timeout: float,
         max_message_bytes: int,
+        security: ClientSecurity = PLAIN,
     ) -> None:
         self.rank, self.workers, self.size = rank, len(peers), size
         self.mailbox = mailbox
         self.timeout = timeout
         self.edges = part_edges(size, self.workers)
         self._channels = {
-            w: grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+            w: open_channel(address, channel_options(max_message_bytes), security)
             for w, address in enumerate(peers)
             if w != rank
         }
@@ -221,15 +223,21 @@ class AllReduce:
 
 
 def serve_collective(
-    mailbox: Mailbox, host: str, port: int, max_message_bytes: int
+    mailbox: Mailbox,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    security: ServerSecurity = OPEN,
 ) -> tuple[grpc.Server, int]:
-    """Start the worker's Collective service on ``host:port`` (0: a free port)."""
+    """Start the worker's Collective service on ``host:port`` (0: a free port);
+    ``security``: TLS and the token peers must present (the workers' own)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="collective"),
         options=channel_options(max_message_bytes),
+        interceptors=security.interceptors(()),
     )
     collective_pb2_grpc.add_CollectiveServicer_to_server(CollectiveServicer(mailbox), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = security.bind(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind the all-reduce server to {host}:{port}; is the port in use?")
     server.start()

@@ -64,8 +64,8 @@ class DenseSync(abc.ABC):
 class PSDense(DenseSync):
     """Pull before each iteration, push the gradient after; the PS applies it at commit."""
 
-    def __init__(self, ps: PSClient, param: DenseParameter) -> None:
-        self.ps, self.param = ps, param
+    def __init__(self, ps: PSClient, param: DenseParameter, worker: int = 0) -> None:
+        self.ps, self.param, self.worker = ps, param, worker
         self.bytes_moved = 0
 
     def values(self) -> Floats:
@@ -75,7 +75,7 @@ class PSDense(DenseSync):
         return values
 
     def update(self, grad: Floats, iteration: int, final: bool) -> None:
-        self.ps.push_dense_gradients(self.param, grad, iteration)
+        self.ps.push_dense_gradients(self.param, grad, iteration, self.worker)
         self.bytes_moved += self.param.rows * (8 + 4 * self.param.row_width)
 
 

@@ -63,7 +63,8 @@ class HETStep(Step):
         loss, emb_grad, dense_grad = self.train(mb, slots)
         if s == 0:
             with self.timer("push"):
-                self.ps.push_gradients(EMBEDDING_TABLE, keys, to_host(emb_grad), t)
+                self.ps.push_gradients(EMBEDDING_TABLE, keys, to_host(emb_grad), t,
+                                       worker=self.worker)  # fmt: skip
             traffic.grad_pushes += keys.shape[0]
             cache.evict(keys)  # every copy is stale after the commit
         else:
@@ -74,11 +75,15 @@ class HETStep(Step):
             self._push_pending(over, t, traffic)
             traffic.bound_releases += over.shape[0]
             cache.evict(cache.keys_at(over))
-        self.push_dense(dense_grad, t, plan.final_flush)
+        self.push_dense(dense_grad, t, plan.stores_dense)
         if plan.final_flush:
             flushed = Traffic()
             self._push_pending(cache.dirty_slots(), t, flushed)
             traffic.final_flush += flushed.grad_pushes
+        elif plan.checkpoint:  # the PS must hold every update: push, then refetch later
+            dirty = cache.dirty_slots()
+            self._push_pending(dirty, t, traffic)
+            cache.evict(cache.keys_at(dirty))
         return traffic, loss
 
     def _push_pending(self, slots: npt.NDArray[np.int64], iteration: int, traffic: Traffic) -> None:
@@ -90,5 +95,5 @@ class HETStep(Step):
             steps = pending.steps if self.job.pushes_steps else None  # as row_bytes counts
             with self.timer("push"):
                 self.ps.push_gradients(EMBEDDING_TABLE, pending.keys, pending.grads, iteration,
-                                       steps)  # fmt: skip
+                                       steps, self.worker)  # fmt: skip
             traffic.grad_pushes += pending.keys.shape[0]

@@ -108,9 +108,9 @@ class WorkerMetrics:
         self._labels: tuple[str, str] | None = None
         self._row_bytes: dict[str, int] = {}
 
-    def serve(self, port: int) -> int:
-        """Serve /metrics on ``port`` (0: a free one); the port it got."""
-        server, _ = start_http_server(port, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve /metrics on ``host:port`` (port 0: a free one); the port it got."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
         bound: int = server.server_port
         return bound
 

@@ -69,13 +69,15 @@ class PlanStep(Step):
         sends = Sends()
         if shared.shape[0]:
             grads = to_host(emb_grad[self.xp.asarray(shared)])
-            sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, plan.push_grads, grads, t))
+            sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, plan.push_grads, grads, t,
+                                                   worker=self.worker))  # fmt: skip
             traffic.grad_pushes += plan.push_grads.shape[0]
         waited = self.dense.wait_seconds
         host_grad = to_host(dense_grad)
-        overlapped = self.dense.overlaps(plan.final_flush)  # started after the sends below
+        # At the end and at a checkpoint the dense update reaches the PS before the report.
+        overlapped = self.dense.overlaps(plan.stores_dense)  # started after the sends below
         if not overlapped:
-            sends.add(sends.in_thread(self.dense.update, host_grad, t, plan.final_flush))
+            sends.add(sends.in_thread(self.dense.update, host_grad, t, plan.stores_dense))
         if local.shape[0]:
             with self.timer("optimizer"):
                 cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)],
@@ -100,7 +102,7 @@ class PlanStep(Step):
         if rows is not None:
             cache.mark_written(rows)
         if overlapped:
-            self.start_dense(host_grad, t, plan.final_flush)
+            self.start_dense(host_grad, t, plan.stores_dense)
         return traffic, loss
 
     def _split(

@@ -55,7 +55,7 @@ class Step(abc.ABC):
         self.xp = xp
         self.model = job.model(xp)
         self.optimizer = job.make_optimizer()
-        self.dense = dense or PSDense(ps, job.dense_parameter(self.model.dense_size))
+        self.dense = dense or PSDense(ps, job.dense_parameter(self.model.dense_size), worker)
         self.timer = PhaseTimer()
         self._dense_waited = self.dense.wait_seconds  # peer wait counted up to here
         self.cache = EmbeddingCache(

@@ -18,17 +18,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 
+from heraldps.auth import SESSION_METADATA_KEY
 from heraldps.client import PSClient
 from heraldps.errors import FailedPrecondition, HeraldError, Unavailable, error_from_rpc
 from heraldps.modes import HET_MODE, PIPELINED_MODE
+from heraldps.security import ClientSecurity, ServerSecurity, open_channel
 from heraldps.serving import channel_options
+from heraldps.tls import TlsFiles
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.collective import AllReduce, Mailbox, serve_collective
 from worker_client.dense_sync import AllReduceDense, DenseSync
@@ -57,6 +60,21 @@ class WorkerConfig:
     metrics_port: int | None = None  # serve Prometheus /metrics here (0: a free port)
     advertise_host: str = "127.0.0.1"  # where the other workers reach this one's all-reduce
     collective_port: int = 0  # the all-reduce server's port (0: a free one)
+    # TLS files and token presented to the scheduler, the shards and the other workers.
+    security: ClientSecurity = field(default_factory=ClientSecurity)
+
+    @property
+    def bind_host(self) -> str:
+        """Where this worker's own servers (all-reduce, /metrics) listen: loopback for a
+        loopback advertise address, all interfaces otherwise."""
+        return "127.0.0.1" if self.advertise_host in ("127.0.0.1", "localhost") else "0.0.0.0"
+
+    def collective_security(self) -> tuple[ServerSecurity, ClientSecurity]:
+        """The all-reduce server's security and its peers': TLS when this worker has a
+        certificate, and the worker's own token required of the peers."""
+        tls = self.security.tls if self.security.tls.cert else TlsFiles()
+        token = self.security.token_file
+        return ServerSecurity(tls, admin_token_file=token), ClientSecurity(tls, token)
 
 
 def make_step(
@@ -83,11 +101,11 @@ class DenseAllReduceSetup:
     def __init__(self, config: WorkerConfig, job: TrainingJob) -> None:
         self.param = job.dense_parameter(job.model().dense_size)
         self.mailbox = Mailbox(config.worker_id, job.workers, self.param.size)
-        host = config.advertise_host
-        bind = "127.0.0.1" if host in ("127.0.0.1", "localhost") else "0.0.0.0"
-        self.server, port = serve_collective(self.mailbox, bind, config.collective_port,
-                                             ALLREDUCE_MESSAGE_BYTES)  # fmt: skip
-        self.address = f"{host}:{port}"
+        server_security, self.peer_security = config.collective_security()
+        self.server, port = serve_collective(self.mailbox, config.bind_host,
+                                             config.collective_port, ALLREDUCE_MESSAGE_BYTES,
+                                             server_security)  # fmt: skip
+        self.address = f"{config.advertise_host}:{port}"
 
     def connect(
         self,
@@ -110,7 +128,8 @@ class DenseAllReduceSetup:
                     raise
         peers = list(reply.collective_addresses)
         all_reduce = AllReduce(config.worker_id, peers, self.param.size, self.mailbox,
-                               config.timeout_seconds, ALLREDUCE_MESSAGE_BYTES)  # fmt: skip
+                               config.timeout_seconds, ALLREDUCE_MESSAGE_BYTES,
+                               self.peer_security)  # fmt: skip
         return AllReduceDense(ps, self.param, job.make_optimizer(), all_reduce,
                               job.dense_checkpoint_every)  # fmt: skip
 
@@ -122,22 +141,27 @@ def run_worker(config: WorkerConfig) -> int:
     """Train until the plan stream ends; 0 on success, 1 with a logged reason otherwise."""
     job = TrainingJob.load(config.job)
     xp = array_module(job.device)
-    channel = grpc.insecure_channel(config.scheduler, options=channel_options(64 * 2**20))
+    channel = open_channel(config.scheduler, channel_options(64 * 2**20), config.security)
     scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
-    ps = PSClient(list(config.ps), timeout=config.timeout_seconds)
+    ps = PSClient(list(config.ps), timeout=config.timeout_seconds, security=config.security)
     history: list[dict[str, object]] = []
     w = config.worker_id
     metrics = WorkerMetrics()
     if config.metrics_port is not None:
-        log.info("worker %d: metrics on port %d", w, metrics.serve(config.metrics_port))
+        port = metrics.serve(config.metrics_port, config.bind_host)
+        log.info("worker %d: metrics on port %d", w, port)
     collective = DenseAllReduceSetup(config, job) if job.dense_sync == "allreduce" else None
     dense: DenseSync | None = None
     try:
-        reply = scheduler.RegisterWorker(
+        reply, call = scheduler.RegisterWorker.with_call(
             scheduler_pb2.RegisterWorkerRequest(
                 worker_id=w, collective_address=collective.address if collective else ""
             ),
             timeout=config.timeout_seconds,
+        )
+        # Our session: WatchPlans and ReportDone carry it (scheduler_service.sessions).
+        session = tuple(
+            (k, v) for k, v in call.trailing_metadata() or () if k == SESSION_METADATA_KEY
         )
         if reply.num_workers != job.workers:
             raise FailedPrecondition(
@@ -153,7 +177,9 @@ def run_worker(config: WorkerConfig) -> int:
             log.info("worker %d: prefetched %d rows of %s", w, cached, config.prefetch)
         log.info("worker %d: mode %s, cache %d rows", w, reply.mode, reply.cache_rows)
         dense_bytes = step.dense.bytes_moved
-        stream = scheduler.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w))
+        stream = scheduler.WatchPlans(
+            scheduler_pb2.WatchPlansRequest(worker_id=w), metadata=session
+        )
         pipelined = isinstance(step, PipelinedPlanStep)
         feed = PlanFeed(stream, read_ahead=pipelined)
         if isinstance(step, PipelinedPlanStep):
@@ -179,6 +205,7 @@ def run_worker(config: WorkerConfig) -> int:
                     wait_for_commit=pipelined,
                 ),
                 timeout=config.timeout_seconds,
+                metadata=session,
             )
             waiting = time.perf_counter()
             # herald_pipelined waits for the commit inside ReportDone: barrier, not RPC.

@@ -29,6 +29,7 @@ from heraldps import wire
 from heraldps.client import checks, rpc
 from heraldps.client.routing import Index, as_counts, as_keys, as_rows, count, plan_requests
 from heraldps.errors import VersionConflict
+from heraldps.security import PLAIN, ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import ps_pb2, ps_pb2_grpc
 
@@ -52,7 +53,9 @@ class ShardClient:
         timeout: float = 120.0,
         retries: int = 5,
         backoff_seconds: float = 0.05,
+        security: ClientSecurity = PLAIN,
     ) -> None:
+        """``security``: TLS files and the bearer token to present (docs/security.md)."""
         if not addresses:
             raise ValueError("PSClient needs at least one shard address, e.g. ['127.0.0.1:7001']")
         self.addresses = list(addresses)
@@ -62,7 +65,7 @@ class ShardClient:
         self.backoff_seconds = backoff_seconds
         self._policy = rpc.RetryPolicy(retries, backoff_seconds)
         options = channel_options(self.max_message_bytes)
-        self._channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
+        self._channels = [open_channel(a, options, security) for a in self.addresses]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         # Pull answers arrive as raw bytes and are decoded straight into NumPy
         # (wire.decode_message): two fewer copies of the bulk payload.
@@ -217,11 +220,14 @@ class ShardClient:
         grads: npt.ArrayLike,
         iteration: int,
         steps: npt.ArrayLike | None = None,
+        worker: int = 0,
     ) -> None:
         """Add ``grads [n, dim]`` to iteration ``iteration``'s buffer (duplicates summed).
         ``steps [n]`` (optional): optimizer steps each row stands for, applied as that many
-        steps of ``grads / steps`` (see ``PushGradientsRequest.steps``)."""
-        rpc.wait(self.push_gradients_async(table, keys, grads, iteration, steps))
+        steps of ``grads / steps`` (see ``PushGradientsRequest.steps``). ``worker``: the
+        pushing worker's id; the PS adds workers' sums in worker order, so reruns of a job
+        give the same bits (``PushGradientsRequest.worker``)."""
+        rpc.wait(self.push_gradients_async(table, keys, grads, iteration, steps, worker))
 
     @rpc.reports_errors
     def push_gradients_async(
@@ -231,6 +237,7 @@ class ShardClient:
         grads: npt.ArrayLike,
         iteration: int,
         steps: npt.ArrayLike | None = None,
+        worker: int = 0,
     ) -> Future[None]:
         """``push_gradients`` without waiting; the future resolves to None or the error."""
         keys = as_keys(keys)
@@ -247,6 +254,7 @@ class ShardClient:
                 table=table, iteration=iteration, keys=wire.encode_keys(keys[index]),
                 grads=wire.encode_floats(grads[index]),
                 steps=b"" if counts is None else wire.encode_counts(counts[index]),
+                worker=worker,
             )  # fmt: skip
 
         row_bytes = 8 + 4 * dim + (0 if counts is None else 4)

@@ -77,6 +77,7 @@ class DenseParameters(TableAdmin):
         return dense.from_rows(values)
 
     def push_dense_gradients(
-        self, dense: DenseParameter, grad: npt.ArrayLike, iteration: int
+        self, dense: DenseParameter, grad: npt.ArrayLike, iteration: int, worker: int = 0
     ) -> None:
-        self.push_gradients(dense.name, dense.keys, dense.to_rows(grad), iteration)
+        self.push_gradients(dense.name, dense.keys, dense.to_rows(grad), iteration,
+                            worker=worker)  # fmt: skip

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from heraldps.v1 import types_pb2 as heraldps_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14heraldps/v1/ps.proto\x12\x0bheraldps.v1\x1a\x17heraldps/v1/types.proto\":\n\x12\x43reateTableRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x16.heraldps.v1.TableSpec\"M\n\x13\x43reateTableResponse\x12%\n\x05table\x18\x01 \x01(\x0b\x32\x16.heraldps.v1.TableInfo\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x13\n\x11ListTablesRequest\"<\n\x12ListTablesResponse\x12&\n\x06tables\x18\x01 \x03(\x0b\x32\x16.heraldps.v1.TableInfo\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\">\n\x0bPullRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\x12\n\nwith_state\x18\x03 \x01(\x08\"a\n\x0cPullResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\x12\x10\n\x08versions\x18\x02 \x01(\x0c\x12\r\n\x05state\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12\x13\n\x0bstate_width\x18\x05 \x01(\x05\"1\n\x12GetVersionsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\"\'\n\x13GetVersionsResponse\x12\x10\n\x08versions\x18\x01 \x01(\x0c\".\n\x0fPrefetchRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\"\'\n\x10PrefetchResponse\x12\x13\n\x0b\x63\x61\x63hed_rows\x18\x01 \x01(\x03\"d\n\x14PushGradientsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\r\n\x05grads\x18\x04 \x01(\x0c\x12\r\n\x05steps\x18\x05 \x01(\x0c\"6\n\x15PushGradientsResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"\"\n\rCommitRequest\x12\x11\n\titeration\x18\x01 \x01(\x03\"^\n\x0e\x43ommitResponse\x12\x1b\n\x13\x63ommitted_iteration\x18\x01 \x01(\x03\x12\x14\n\x0crows_updated\x18\x02 \x01(\x03\x12\x19\n\x11\x61lready_committed\x18\x03 \x01(\x08\"{\n\x10WriteBackRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\x0e\n\x06values\x18\x03 \x01(\x0c\x12\r\n\x05state\x18\x04 \x01(\x0c\x12\x15\n\rbase_versions\x18\x05 \x01(\x0c\x12\x14\n\x0cnew_versions\x18\x06 \x01(\x0c\"!\n\x11WriteBackResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\"\x1b\n\x0bSaveRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"L\n\x0cSaveResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\x1b\n\x13\x63ommitted_iteration\x18\x02 \x01(\x03\x12\x11\n\tshard_dir\x18\x03 \x01(\t\"2\n\x0bLoadRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"9\n\x0cLoadResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\x1b\n\x13\x63ommitted_iteration\x18\x02 \x01(\x03\"V\n\x18\x45xportIncrementalRequest\x12\x17\n\x0fsince_iteration\x18\x01 \x01(\x03\x12\r\n\x05table\x18\x02 \x01(\t\x12\x12\n\nblock_rows\x18\x03 \x01(\x05\"\x96\x01\n\x08RowBlock\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12\x13\n\x0bstate_width\x18\x03 \x01(\x05\x12\x0c\n\x04keys\x18\x04 \x01(\x0c\x12\x0e\n\x06values\x18\x05 \x01(\x0c\x12\r\n\x05state\x18\x06 \x01(\x0c\x12\x10\n\x08versions\x18\x07 \x01(\x0c\x12\x1a\n\x12\x63hanged_iterations\x18\x08 \x01(\x0c\"\x15\n\x13GetShardInfoRequest\"\x94\x01\n\tShardInfo\x12\x13\n\x0bshard_index\x18\x01 \x01(\x05\x12\x12\n\nnum_shards\x18\x02 \x01(\x05\x12\x1b\n\x13\x63ommitted_iteration\x18\x03 \x01(\x03\x12&\n\x06tables\x18\x04 \x03(\x0b\x32\x16.heraldps.v1.TableInfo\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\x03\x32\xd6\x07\n\x0fParameterServer\x12P\n\x0b\x43reateTable\x12\x1f.heraldps.v1.CreateTableRequest\x1a .heraldps.v1.CreateTableResponse\x12M\n\nListTables\x12\x1e.heraldps.v1.ListTablesRequest\x1a\x1f.heraldps.v1.ListTablesResponse\x12J\n\rDescribeTable\x12!.heraldps.v1.DescribeTableRequest\x1a\x16.heraldps.v1.TableInfo\x12;\n\x04Pull\x12\x18.heraldps.v1.PullRequest\x1a\x19.heraldps.v1.PullResponse\x12P\n\x0bGetVersions\x12\x1f.heraldps.v1.GetVersionsRequest\x1a .heraldps.v1.GetVersionsResponse\x12G\n\x08Prefetch\x12\x1c.heraldps.v1.PrefetchRequest\x1a\x1d.heraldps.v1.PrefetchResponse\x12V\n\rPushGradients\x12!.heraldps.v1.PushGradientsRequest\x1a\".heraldps.v1.PushGradientsResponse\x12\x41\n\x06\x43ommit\x12\x1a.heraldps.v1.CommitRequest\x1a\x1b.heraldps.v1.CommitResponse\x12J\n\tWriteBack\x12\x1d.heraldps.v1.WriteBackRequest\x1a\x1e.heraldps.v1.WriteBackResponse\x12;\n\x04Save\x12\x18.heraldps.v1.SaveRequest\x1a\x19.heraldps.v1.SaveResponse\x12;\n\x04Load\x12\x18.heraldps.v1.LoadRequest\x1a\x19.heraldps.v1.LoadResponse\x12S\n\x11\x45xportIncremental\x12%.heraldps.v1.ExportIncrementalRequest\x1a\x15.heraldps.v1.RowBlock0\x01\x12H\n\x0cGetShardInfo\x12 .heraldps.v1.GetShardInfoRequest\x1a\x16.heraldps.v1.ShardInfoB\x12\n\x0eio.heraldps.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14heraldps/v1/ps.proto\x12\x0bheraldps.v1\x1a\x17heraldps/v1/types.proto\":\n\x12\x43reateTableRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x16.heraldps.v1.TableSpec\"M\n\x13\x43reateTableResponse\x12%\n\x05table\x18\x01 \x01(\x0b\x32\x16.heraldps.v1.TableInfo\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x13\n\x11ListTablesRequest\"<\n\x12ListTablesResponse\x12&\n\x06tables\x18\x01 \x03(\x0b\x32\x16.heraldps.v1.TableInfo\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\">\n\x0bPullRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\x12\n\nwith_state\x18\x03 \x01(\x08\"a\n\x0cPullResponse\x12\x0e\n\x06values\x18\x01 \x01(\x0c\x12\x10\n\x08versions\x18\x02 \x01(\x0c\x12\r\n\x05state\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\x05\x12\x13\n\x0bstate_width\x18\x05 \x01(\x05\"1\n\x12GetVersionsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\"\'\n\x13GetVersionsResponse\x12\x10\n\x08versions\x18\x01 \x01(\x0c\".\n\x0fPrefetchRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\"\'\n\x10PrefetchResponse\x12\x13\n\x0b\x63\x61\x63hed_rows\x18\x01 \x01(\x03\"t\n\x14PushGradientsRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\r\n\x05grads\x18\x04 \x01(\x0c\x12\r\n\x05steps\x18\x05 \x01(\x0c\x12\x0e\n\x06worker\x18\x06 \x01(\x05\"6\n\x15PushGradientsResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"\"\n\rCommitRequest\x12\x11\n\titeration\x18\x01 \x01(\x03\"^\n\x0e\x43ommitResponse\x12\x1b\n\x13\x63ommitted_iteration\x18\x01 \x01(\x03\x12\x14\n\x0crows_updated\x18\x02 \x01(\x03\x12\x19\n\x11\x61lready_committed\x18\x03 \x01(\x08\"{\n\x10WriteBackRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x01(\x0c\x12\x0e\n\x06values\x18\x03 \x01(\x0c\x12\r\n\x05state\x18\x04 \x01(\x0c\x12\x15\n\rbase_versions\x18\x05 \x01(\x0c\x12\x14\n\x0cnew_versions\x18\x06 \x01(\x0c\"!\n\x11WriteBackResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\"\x1b\n\x0bSaveRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"L\n\x0cSaveResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\x1b\n\x13\x63ommitted_iteration\x18\x02 \x01(\x03\x12\x11\n\tshard_dir\x18\x03 \x01(\t\"2\n\x0bLoadRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"9\n\x0cLoadResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12\x1b\n\x13\x63ommitted_iteration\x18\x02 \x01(\x03\"V\n\x18\x45xportIncrementalRequest\x12\x17\n\x0fsince_iteration\x18\x01 \x01(\x03\x12\r\n\x05table\x18\x02 \x01(\t\x12\x12\n\nblock_rows\x18\x03 \x01(\x05\"\x96\x01\n\x08RowBlock\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12\x13\n\x0bstate_width\x18\x03 \x01(\x05\x12\x0c\n\x04keys\x18\x04 \x01(\x0c\x12\x0e\n\x06values\x18\x05 \x01(\x0c\x12\r\n\x05state\x18\x06 \x01(\x0c\x12\x10\n\x08versions\x18\x07 \x01(\x0c\x12\x1a\n\x12\x63hanged_iterations\x18\x08 \x01(\x0c\"\x15\n\x13GetShardInfoRequest\"\x94\x01\n\tShardInfo\x12\x13\n\x0bshard_index\x18\x01 \x01(\x05\x12\x12\n\nnum_shards\x18\x02 \x01(\x05\x12\x1b\n\x13\x63ommitted_iteration\x18\x03 \x01(\x03\x12&\n\x06tables\x18\x04 \x03(\x0b\x32\x16.heraldps.v1.TableInfo\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\x03\x32\xd6\x07\n\x0fParameterServer\x12P\n\x0b\x43reateTable\x12\x1f.heraldps.v1.CreateTableRequest\x1a .heraldps.v1.CreateTableResponse\x12M\n\nListTables\x12\x1e.heraldps.v1.ListTablesRequest\x1a\x1f.heraldps.v1.ListTablesResponse\x12J\n\rDescribeTable\x12!.heraldps.v1.DescribeTableRequest\x1a\x16.heraldps.v1.TableInfo\x12;\n\x04Pull\x12\x18.heraldps.v1.PullRequest\x1a\x19.heraldps.v1.PullResponse\x12P\n\x0bGetVersions\x12\x1f.heraldps.v1.GetVersionsRequest\x1a .heraldps.v1.GetVersionsResponse\x12G\n\x08Prefetch\x12\x1c.heraldps.v1.PrefetchRequest\x1a\x1d.heraldps.v1.PrefetchResponse\x12V\n\rPushGradients\x12!.heraldps.v1.PushGradientsRequest\x1a\".heraldps.v1.PushGradientsResponse\x12\x41\n\x06\x43ommit\x12\x1a.heraldps.v1.CommitRequest\x1a\x1b.heraldps.v1.CommitResponse\x12J\n\tWriteBack\x12\x1d.heraldps.v1.WriteBackRequest\x1a\x1e.heraldps.v1.WriteBackResponse\x12;\n\x04Save\x12\x18.heraldps.v1.SaveRequest\x1a\x19.heraldps.v1.SaveResponse\x12;\n\x04Load\x12\x18.heraldps.v1.LoadRequest\x1a\x19.heraldps.v1.LoadResponse\x12S\n\x11\x45xportIncremental\x12%.heraldps.v1.ExportIncrementalRequest\x1a\x15.heraldps.v1.RowBlock0\x01\x12H\n\x0cGetShardInfo\x12 .heraldps.v1.GetShardInfoRequest\x1a\x16.heraldps.v1.ShardInfoB\x12\n\x0eio.heraldps.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -56,33 +56,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFETCHRESPONSE']._serialized_start=626
   _globals['_PREFETCHRESPONSE']._serialized_end=665
   _globals['_PUSHGRADIENTSREQUEST']._serialized_start=667
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=767
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=769
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=823
-  _globals['_COMMITREQUEST']._serialized_start=825
-  _globals['_COMMITREQUEST']._serialized_end=859
-  _globals['_COMMITRESPONSE']._serialized_start=861
-  _globals['_COMMITRESPONSE']._serialized_end=955
-  _globals['_WRITEBACKREQUEST']._serialized_start=957
-  _globals['_WRITEBACKREQUEST']._serialized_end=1080
-  _globals['_WRITEBACKRESPONSE']._serialized_start=1082
-  _globals['_WRITEBACKRESPONSE']._serialized_end=1115
-  _globals['_SAVEREQUEST']._serialized_start=1117
-  _globals['_SAVEREQUEST']._serialized_end=1144
-  _globals['_SAVERESPONSE']._serialized_start=1146
-  _globals['_SAVERESPONSE']._serialized_end=1222
-  _globals['_LOADREQUEST']._serialized_start=1224
-  _globals['_LOADREQUEST']._serialized_end=1274
-  _globals['_LOADRESPONSE']._serialized_start=1276
-  _globals['_LOADRESPONSE']._serialized_end=1333
-  _globals['_EXPORTINCREMENTALREQUEST']._serialized_start=1335
-  _globals['_EXPORTINCREMENTALREQUEST']._serialized_end=1421
-  _globals['_ROWBLOCK']._serialized_start=1424
-  _globals['_ROWBLOCK']._serialized_end=1574
-  _globals['_GETSHARDINFOREQUEST']._serialized_start=1576
-  _globals['_GETSHARDINFOREQUEST']._serialized_end=1597
-  _globals['_SHARDINFO']._serialized_start=1600
-  _globals['_SHARDINFO']._serialized_end=1748
-  _globals['_PARAMETERSERVER']._serialized_start=1751
-  _globals['_PARAMETERSERVER']._serialized_end=2733
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=783
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=785
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=839
+  _globals['_COMMITREQUEST']._serialized_start=841
+  _globals['_COMMITREQUEST']._serialized_end=875
+  _globals['_COMMITRESPONSE']._serialized_start=877
+  _globals['_COMMITRESPONSE']._serialized_end=971
+  _globals['_WRITEBACKREQUEST']._serialized_start=973
+  _globals['_WRITEBACKREQUEST']._serialized_end=1096
+  _globals['_WRITEBACKRESPONSE']._serialized_start=1098
+  _globals['_WRITEBACKRESPONSE']._serialized_end=1131
+  _globals['_SAVEREQUEST']._serialized_start=1133
+  _globals['_SAVEREQUEST']._serialized_end=1160
+  _globals['_SAVERESPONSE']._serialized_start=1162
+  _globals['_SAVERESPONSE']._serialized_end=1238
+  _globals['_LOADREQUEST']._serialized_start=1240
+  _globals['_LOADREQUEST']._serialized_end=1290
+  _globals['_LOADRESPONSE']._serialized_start=1292
+  _globals['_LOADRESPONSE']._serialized_end=1349
+  _globals['_EXPORTINCREMENTALREQUEST']._serialized_start=1351
+  _globals['_EXPORTINCREMENTALREQUEST']._serialized_end=1437
+  _globals['_ROWBLOCK']._serialized_start=1440
+  _globals['_ROWBLOCK']._serialized_end=1590
+  _globals['_GETSHARDINFOREQUEST']._serialized_start=1592
+  _globals['_GETSHARDINFOREQUEST']._serialized_end=1613
+  _globals['_SHARDINFO']._serialized_start=1616
+  _globals['_SHARDINFO']._serialized_end=1764
+  _globals['_PARAMETERSERVER']._serialized_start=1767
+  _globals['_PARAMETERSERVER']._serialized_end=2749
 # @@protoc_insertion_point(module_scope)

@@ -298,6 +298,7 @@ class PushGradientsRequest(_message.Message):
     KEYS_FIELD_NUMBER: _builtins.int
     GRADS_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     iteration: _builtins.int
     """Iteration the gradients belong to; must be newer than the last
@@ -321,6 +322,13 @@ class PushGradientsRequest(_message.Message):
     equals one step of grads[i]. An UPDATE_MODE_IMMEDIATE table applies
     steps[i] steps at once. The row's version still advances by 1.
     """
+    worker: _builtins.int
+    """Who pushes: the worker's id (0..workers-1; other clients leave it 0).
+    Pushes are summed per worker, and a commit adds the workers' sums in
+    ascending worker id, so the float sum of one key's gradients does not
+    depend on the order the pushes arrived in: two runs of one job give the
+    same bits. Must be >= 0.
+    """
     def __init__(
         self,
         *,
@@ -329,10 +337,11 @@ class PushGradientsRequest(_message.Message):
         keys: _builtins.bytes = ...,
         grads: _builtins.bytes = ...,
         steps: _builtins.bytes = ...,
+        worker: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grads", b"grads", "iteration", b"iteration", "keys", b"keys", "steps", b"steps", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["grads", b"grads", "iteration", b"iteration", "keys", b"keys", "steps", b"steps", "table", b"table", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

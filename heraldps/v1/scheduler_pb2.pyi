@@ -278,6 +278,7 @@ class CommPlan(_message.Message):
     FINAL_FLUSH_FIELD_NUMBER: _builtins.int
     MINI_BATCH_FIELD_NUMBER: _builtins.int
     PULL_EARLY_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     worker_id: _builtins.int
     table: _builtins.str
@@ -313,6 +314,13 @@ class CommPlan(_message.Message):
     must wait for that commit. Set only in mode herald_pipelined (empty
     otherwise, and in the first plan a scheduler releases).
     """
+    checkpoint: _builtins.bool
+    """Iteration `iteration` ends a checkpoint (--checkpoint-every): `write_back`
+    lists every row still dirty in this worker's cache (they stay cached,
+    clean), and the worker stores its dense replica on the PS before it
+    reports (worker 0 under the all-reduce). Once every worker reported, the
+    scheduler commits the iteration and snapshots every shard.
+    """
     @_builtins.property
     def mini_batch(self) -> _types_pb2.SampleBlock:
         """The samples named by `samples`, in that order, when the feeder submitted
@@ -334,10 +342,11 @@ class CommPlan(_message.Message):
         final_flush: _builtins.bool = ...,
         mini_batch: _types_pb2.SampleBlock | None = ...,
         pull_early: _builtins.bytes = ...,
+        checkpoint: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["mini_batch", b"mini_batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -123,7 +123,11 @@ def positive(text: str) -> float:
 
 def add_server_arguments(p: argparse.ArgumentParser, port: int, threads: int) -> None:
     """The flags every gRPC server role takes (``ps``, ``scheduler``)."""
-    p.add_argument("--host", default="0.0.0.0", help="address to bind")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind gRPC and /metrics (0.0.0.0: every interface, as containers set)",
+    )
     p.add_argument("--port", type=int, default=port, help="gRPC port; 0 picks a free one")
     p.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from launcher.cli.command import Command, addresses
+from launcher.cli.security_flags import add_tls_arguments, add_token_argument, client_security
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,6 +21,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
     )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address /metrics binds (0.0.0.0: every interface, for a scraper elsewhere)",
+    )
+    add_tls_arguments(p)
+    add_token_argument(p, "the admin token: it creates tables and submits batches")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     config = FeedConfig(
         job=args.job, scheduler=args.scheduler, ps=addresses(args.ps),
         timeout_seconds=args.timeout_seconds, metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host, security=client_security(args),
     )  # fmt: skip
     run_feed(config)
     print(f"heraldps feed: every iteration of {args.job} committed")

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from launcher.cli.command import Command
+from launcher.cli.security_flags import add_tls_arguments, tls_files
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -14,12 +15,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--service", default="", help="service name to check (empty: the server as a whole)"
     )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    add_tls_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from heraldps.healthcheck import check
+    from heraldps.security import ClientSecurity
 
-    health = check(args.address, args.service, args.timeout)
+    health = check(args.address, args.service, args.timeout, ClientSecurity(tls_files(args)))
     print(health.message, file=sys.stdout if health.serving else sys.stderr)
     return 0 if health.serving else 1
 

@@ -121,6 +121,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "on 127.0.0.1; see docs/network.md",
     )
     p.add_argument(
+        "--checkpoint-every",
+        type=at_least(0),
+        default=0,
+        help="checkpoint every N iterations: workers write back their dirty rows and the "
+        "dense model, the scheduler snapshots every shard (docs/failure-and-recovery.md); 0: "
+        "never (with --max-restarts: only the start of the run to resume from)",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where checkpoints go, one folder per mode (none: WORKDIR/MODE/checkpoints); a "
+        "new run removes the complete checkpoints an earlier run left there",
+    )
+    p.add_argument(
+        "--keep-checkpoints", type=at_least(1), default=2, help="complete checkpoints to keep"
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=at_least(0),
+        default=0,
+        help="when any process dies, stop the cluster, start it again from the newest "
+        "checkpoint and train on, up to this many times per mode; 0: a death fails the run",
+    )
+    p.add_argument(
         "--ps-link-mbit",
         type=positive,
         default=None,
@@ -199,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from launcher.local import run_local
+    from launcher.local import Recovery, run_local
     from launcher.preflight import check_cache, check_columns, data_name
     from launcher.progress import progress_display
     from launcher.report import (
@@ -244,7 +268,11 @@ def run(args: argparse.Namespace) -> int:
         results = run_local(
             job, modes, args.shards, train, held_out,
             Path(args.workdir) if args.workdir else None, display, args.store, args.cache_gb,
-            args.link_mbit, args.ps_link_mbit,
+            args.link_mbit, args.ps_link_mbit, recovery=Recovery(
+                checkpoint_every=args.checkpoint_every,
+                checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+                keep=args.keep_checkpoints, max_restarts=args.max_restarts,
+            ),
         )  # fmt: skip
     if args.wide and not console.is_terminal:
         console.width = 200
@@ -252,6 +280,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.wide:
         console.print(SUMMARY_KEY, highlight=False)
     console.print(agreement_line(results), highlight=False)
+    for mode, result in results.items():
+        for r in result.restarts:
+            line = (f"{mode}: restart after \"{r.failure}\": resumed at iteration "
+                    f"{r.resumed_at} in {r.seconds_to_resume:.1f} s")  # fmt: skip
+            console.print(line, highlight=False)
     config = {**asdict(job), "shards": args.shards, "cache_fraction": args.cache_fraction,
               **link_config(args)}  # fmt: skip
     if args.json:

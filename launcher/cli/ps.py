@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 
 from launcher.cli.command import Command, add_server_arguments
+from launcher.cli.security_flags import (
+    add_server_security_arguments,
+    add_tls_arguments,
+    server_security,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +28,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("staged", "cached"),
         help="staged: tables in host memory; cached: LMDB on disk behind a host cache",
     )
-    p.add_argument("--restore", default=None, help="load this Save snapshot at start")
+    p.add_argument(
+        "--restore",
+        default=None,
+        help="load this Save snapshot at start (any path: the operator's own flag)",
+    )
+    p.add_argument(
+        "--snapshot-root",
+        default=None,
+        help="Save and Load paths are taken under this directory, and any other is "
+        "PERMISSION_DENIED (none: any path the process may write; for a trusted network)",
+    )
+    add_tls_arguments(p, client=False)
+    add_server_security_arguments(p)
     cached = p.add_argument_group("cached store (--store cached)")
     cached.add_argument(
         "--data-dir", default=None, help="directory of the LMDB files (required with cached)"
@@ -66,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         store=args.store, data_dir=args.data_dir, cache_gb=args.cache_gb,
         target_hit_rate=args.target_hit_rate, max_num_evict=args.max_num_evict,
         durability=args.durability, max_disk_gb=args.max_disk_gb, restore=args.restore,
+        snapshot_root=args.snapshot_root, security=server_security(args),
     )  # fmt: skip
     return serve(config)
 

@@ -6,6 +6,13 @@ import argparse
 
 from heraldps.modes import MAX_WORKERS
 from launcher.cli.command import Command, add_server_arguments, addresses, at_least
+from launcher.cli.security_flags import (
+    add_server_security_arguments,
+    add_tls_arguments,
+    add_token_argument,
+    client_security,
+    server_security,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,10 +48,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="gzip the plan streams (plans carry the samples: about 2.3x smaller, for a few ms "
         "of CPU per plan); for a scheduler whose link is slow, not for loopback",
     )
+    add_tls_arguments(p)
+    add_server_security_arguments(p)
+    add_token_argument(p, "to the PS shards; it commits, so the admin token")
+    add_checkpoint_arguments(p)
+
+
+def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """Checkpoints and resume (docs/failure-and-recovery.md#checkpoints-and-resume)."""
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="snapshot the PS (with every worker's dirty rows and the dense model) after "
+        "every N-th iteration's commit, into --checkpoint-dir; 0: never",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="directory of the checkpoints (ckpt-<iteration>/ each, a manifest written last); "
+        "every shard must be able to write it (a shared volume)",
+    )
+    p.add_argument(
+        "--keep-checkpoints", type=int, default=2, help="complete checkpoints to keep (>= 1)"
+    )
+    p.add_argument(
+        "--resume-from",
+        default=None,
+        help="before serving, load this checkpoint (or the newest complete one under this "
+        "directory, e.g. --checkpoint-dir) into the shards and start at the iteration after "
+        "it; none there: start at iteration 0",
+    )
+    p.add_argument(
+        "--job-fingerprint",
+        default="",
+        help="identity of the job (any string, e.g. a hash of its config): written into each "
+        "checkpoint, and a checkpoint with another one is refused on resume",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from scheduler_service.checkpointer import CheckpointConfig
     from scheduler_service.server import SchedulerConfig, serve
+
+    checkpoints = CheckpointConfig(
+        every=args.checkpoint_every, directory=args.checkpoint_dir, keep=args.keep_checkpoints,
+        resume_from=args.resume_from, fingerprint=args.job_fingerprint,
+    )  # fmt: skip
 
     config = SchedulerConfig(
         workers=args.workers, cache_rows=args.cache_rows, mode=args.mode, table=args.table,
@@ -53,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         max_message_mb=args.max_message_mb, threads=args.threads,
         grace_seconds=args.grace_seconds, port_file=args.port_file,
         shadow_naive=not args.no_shadow_naive, compress_plans=args.compress_plans,
+        checkpoints=checkpoints,
+        security=server_security(args), ps_security=client_security(args),
     )  # fmt: skip
     return serve(config)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from launcher.cli.command import Command, addresses
+from launcher.cli.security_flags import add_tls_arguments, add_token_argument, client_security
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="port of this worker's dense all-reduce server (0: a free one)",
     )
+    add_tls_arguments(p)
+    add_token_argument(p, "the worker token; the all-reduce peers must present it too")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         ps=addresses(args.ps), report=args.report,
         timeout_seconds=args.timeout_seconds, prefetch=args.prefetch,
         metrics_port=args.metrics_port, advertise_host=args.advertise_host,
-        collective_port=args.collective_port,
+        collective_port=args.collective_port, security=client_security(args),
     )  # fmt: skip
     return run_worker(config)
 

@@ -240,3 +240,21 @@ def test_grafana_finds_its_dashboards_and_prometheus() -> None:
     )["datasources"]
     assert [s["url"] for s in sources] == ["http://prometheus:9090"]
     assert "127.0.0.1:9090:9090" in COMPOSE["services"]["prometheus"]["ports"]
+
+
+def test_checkpoints_are_on_a_volume_every_shard_writes() -> None:
+    """The scheduler's checkpoints are Saves: every shard writes its part into the same
+    folder, so it lies on one named volume mounted at the same path by the scheduler and
+    every shard, under the shards' snapshot root; the scheduler resumes from that folder."""
+    scheduler = env("scheduler")
+    folder = Path(scheduler["HERALDPS_CHECKPOINT_DIR"])
+    assert scheduler["HERALDPS_RESUME_FROM"] == str(folder)
+    assert int(scheduler["HERALDPS_CHECKPOINT_EVERY"]) > 0
+    volumes = set()
+    for name in SERVICES:
+        if role(name) in ("ps", "scheduler"):
+            (source,) = [s for s, t in mounts(SERVICES[name]) if folder.is_relative_to(t)]
+            volumes.add(source)
+        if role(name) == "ps":
+            assert folder.is_relative_to(env(name)["HERALDPS_SNAPSHOT_ROOT"]), name
+    assert len(volumes) == 1 and volumes <= set(COMPOSE["volumes"])

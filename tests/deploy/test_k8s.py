@@ -171,6 +171,55 @@ def test_snapshots_component(kubectl: str, tmp_path: Path) -> None:
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["snapshots"] == "/snapshots"
     assert mounts["data"] == "/var/lib/heraldps"  # the shard's own volume is still there
+    env = build.env(container, {POD_INDEX: "0"})
+    assert env["HERALDPS_SNAPSHOT_ROOT"] == "/snapshots"  # Save and Load land on the claim
+    # The scheduler checkpoints onto the same claim and resumes from it on a restart.
+    scheduler = build.get("Deployment", "heraldps-scheduler")["spec"]["template"]["spec"]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+              for v in scheduler["volumes"] if "persistentVolumeClaim" in v}  # fmt: skip
+    assert claims == {"snapshots": claim["metadata"]["name"]}
+    (container,) = scheduler["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HERALDPS_CHECKPOINT_DIR"] == env["HERALDPS_RESUME_FROM"] == "/snapshots/checkpoints"
+    assert int(env["HERALDPS_CHECKPOINT_EVERY"]) > 0
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}[
+        "snapshots"
+    ] == "/snapshots"
+    assert container["startupProbe"]["failureThreshold"] * 10 >= 600  # a long load is no crash
+
+
+def test_tls_component(kubectl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pod mounts the TLS Secret and says so in HERALDPS_TLS_*; servers accept both
+    tokens, workers hold only theirs; the servers' probes become exec `heraldps health`."""
+    build = with_component(kubectl, tmp_path, "tls")
+    code, lines = validate(build.yaml_text, tmp_path)
+    problems = [line for line in lines if not line.startswith("INFO")]
+    assert code == 0 and not problems, "\n".join(problems)
+    tokens_of = {"ps": None, "scheduler": None, "worker": ["worker.token"], "feed": ["admin.token"]}
+    for workload in build.workloads():
+        pod = workload["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        role = container["args"][0]
+        env = build.env(container, {POD_INDEX: "0", COMPLETION_INDEX: "0", POD_IP: "10.0.0.7"})
+        args = parse_in_pod(monkeypatch, env, role)
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "heraldps-tls"
+        for path in (args.tls_cert, args.tls_key, args.tls_ca):
+            assert path.startswith(mounts["tls"] + "/"), (role, path)
+        items = volumes["tokens"]["secret"].get("items")
+        assert ([i["key"] for i in items] if items else None) == tokens_of[role], role
+        if role in ("ps", "scheduler"):
+            assert args.admin_token_file and args.worker_token_file
+            port = int(env["HERALDPS_PORT"])
+            for probe in ("readinessProbe", "livenessProbe"):
+                command = container[probe]["exec"]["command"]
+                assert command[:2] == ["heraldps", "health"] and command[-1] == f"127.0.0.1:{port}"
+                assert "grpc" not in container[probe]
+        if role != "ps":
+            expected = "admin.token" if role in ("scheduler", "feed") else "worker.token"
+            assert args.token_file == f"{mounts['tokens']}/{expected}", role
+            assert args.tls_server_name == "heraldps"
 
 
 # --- the job file ---------------------------------------------------------------------------
@@ -320,7 +369,7 @@ def test_network_policy_guards_the_shards(build: Build) -> None:
     """Only workers, the scheduler and the feeder reach 7001; Prometheus reaches 9100."""
     policy = build.get("NetworkPolicy", "heraldps-ps")["spec"]
     assert build.selected_workloads(policy["podSelector"]) == ["heraldps-ps"]
-    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
     ps_ports = container_ports(build.get("StatefulSet", "heraldps-ps")["spec"]["template"]["spec"])
     by_port: dict[int, list[Obj]] = {}
     for rule in policy["ingress"]:
@@ -342,6 +391,60 @@ def test_network_policy_guards_the_shards(build: Build) -> None:
     peers = [p for r in scheduler["ingress"] if r["ports"][0]["port"] == 7100 for p in r["from"]]
     reach = {w for peer in peers for w in build.selected_workloads(peer["podSelector"])}
     assert reach == {"heraldps-worker", "heraldps-feed"}
+
+
+def test_network_policies_limit_egress(build: Build) -> None:
+    """Every heraldps pod is under a policy with Egress: it reaches only the services it
+    calls (and cluster DNS); a shard reaches nothing."""
+    expected = {
+        "heraldps-ps": set(),
+        "heraldps-scheduler": {("heraldps-ps", 7001)},
+        "heraldps-worker": {("heraldps-ps", 7001), ("heraldps-scheduler", 7100),
+                            ("heraldps-worker", 7300)},
+        "heraldps-feed": {("heraldps-ps", 7001), ("heraldps-scheduler", 7100)},
+    }  # fmt: skip
+    covered = set()
+    for policy in build.all("NetworkPolicy"):
+        spec = policy["spec"]
+        (workload,) = build.selected_workloads(spec["podSelector"])
+        covered.add(workload)
+        assert "Egress" in spec["policyTypes"], f"{workload}: no egress rules"
+        reach, dns = set(), False
+        for rule in spec.get("egress") or []:
+            ports = {p["port"] for p in rule["ports"]}
+            for peer in rule["to"]:
+                if "namespaceSelector" in peer:  # cluster DNS, and nothing else outside
+                    labels = peer["namespaceSelector"]["matchLabels"]
+                    assert labels == {"kubernetes.io/metadata.name": "kube-system"}
+                    assert peer["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+                    assert ports == {53}
+                    dns = True
+                    continue
+                for target in build.selected_workloads(peer["podSelector"]):
+                    reach |= {(target, port) for port in ports}
+        assert reach == expected[workload], workload
+        assert dns == bool(expected[workload]), f"{workload}: DNS only where it dials a name"
+    assert covered == {w["metadata"]["name"] for w in build.workloads()}
+
+
+def test_servers_bind_every_pod_interface_and_stay_confined(
+    build: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default bind is 127.0.0.1, so the pods set 0.0.0.0 themselves; Save and Load stay
+    under a snapshot root apart from the data; production serves no reflection."""
+    prod = build.name.startswith("overlays/prod")
+    for kind, name, role in (("StatefulSet", "heraldps-ps", "ps"),
+                             ("Deployment", "heraldps-scheduler", "scheduler")):  # fmt: skip
+        env = build.env(build.container(kind, name, role), {POD_INDEX: "0"})
+        args = parse_in_pod(monkeypatch, env, role)
+        assert args.host == "0.0.0.0", name
+        assert args.no_reflection == prod, name
+        if role == "ps":
+            root, data = Path(args.snapshot_root), Path(args.data_dir)
+            assert root.is_absolute() and not root.is_relative_to(data)
+            assert not data.is_relative_to(root)
+    feed = build.env(build.container("Job", "heraldps-feed", "feed"))
+    assert feed["HERALDPS_METRICS_HOST"] == "0.0.0.0"
 
 
 # --- pods -----------------------------------------------------------------------------------
