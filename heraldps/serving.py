@@ -14,6 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
+from heraldps.admission import Admission, Limits, Reserve
+
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +47,8 @@ class GrpcProcess:
         metrics_port: int | None,
         port_file: str | None,
         grace_seconds: float,
+        limits: Limits | None = None,
+        reserve: Reserve | None = None,
     ) -> None:
         self.name = name
         self.service_names = service_names
@@ -53,9 +57,14 @@ class GrpcProcess:
         self._metrics_port_wanted = metrics_port
         self._port_file = port_file
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.limits = limits or Limits(threads=threads)
+        self.admission = Admission(self.limits, registry, reserve)
+        pool = self.limits.pool_threads  # a thread for every call admitted: no queue
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-rpc"),
+            futures.ThreadPoolExecutor(max_workers=pool, thread_name_prefix=f"{name}-rpc"),
             options=channel_options(max_message_bytes),
+            interceptors=[self.admission],
+            maximum_concurrent_rpcs=pool,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

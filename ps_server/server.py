@@ -10,6 +10,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
+from heraldps.admission import Limits
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import ps_pb2
 from ps_server import snapshot
@@ -46,6 +47,9 @@ class PSConfig:
     durability: str = "sync"
     max_disk_gb: float = 1024.0
     restore: str | None = None  # a Save snapshot to load at start
+    max_concurrent_rpcs: int = 0  # 0: 4 x threads (heraldps.admission)
+    max_streams: int = 16
+    stream_stall_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.store not in ("staged", "cached"):
@@ -63,10 +67,17 @@ class PSConfig:
             )
         if self.max_message_mb < 1:
             raise ValueError(f"--max-message-mb must be >= 1, got {self.max_message_mb}")
+        self.limits  # noqa: B018 (checks the limits' flags)
 
     @property
     def max_message_bytes(self) -> int:
         return self.max_message_mb * 2**20
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            self.threads, self.max_concurrent_rpcs, self.max_streams, self.stream_stall_seconds
+        )
 
 
 def _serialize(message: Message | bytes) -> bytes:
@@ -135,6 +146,8 @@ class PSServer(GrpcProcess):
             metrics_port=config.metrics_port,
             port_file=config.port_file,
             grace_seconds=config.grace_seconds,
+            limits=config.limits,
+            reserve=self.store.budget.reserve,
         )
         add_servicer(self.servicer, self.server)
 

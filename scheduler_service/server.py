@@ -6,6 +6,7 @@ import logging
 import threading
 from dataclasses import asdict, dataclass, field
 
+from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.modes import PIPELINED_MODE
 from heraldps.serving import GrpcProcess, serve_until_signal
@@ -44,6 +45,9 @@ class SchedulerConfig:
     # (and not run) in mode naive, whose own counts are the baseline.
     shadow_naive: bool = True
     compress_plans: bool = False  # gzip WatchPlans (the samples travel in the plans)
+    max_concurrent_rpcs: int = 0  # 0: 4 x threads (heraldps.admission)
+    max_streams: int = 0  # 0: workers + 16 (each worker holds one plan stream)
+    stream_stall_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.mode not in SERVICE_MODES:
@@ -58,11 +62,21 @@ class SchedulerConfig:
                 f"--threads {self.threads} is too few for {self.workers} workers' {held}; "
                 f"use at least {self.min_threads}"
             )
+        if self.limits.max_streams < self.workers:
+            raise ValueError(
+                f"--max-streams {self.max_streams} is too few for {self.workers} workers' "
+                f"plan streams; use at least {self.workers} (0: workers + 16)"
+            )
         if self.pipelined and self.max_backlog < 2:
             raise ValueError(
                 f"--mode {PIPELINED_MODE} releases plan t+1 while t trains, which needs "
                 f"--max-backlog 2 or more, got {self.max_backlog}"
             )
+
+    @property
+    def limits(self) -> Limits:
+        streams = self.max_streams or self.workers + 16
+        return Limits(self.threads, self.max_concurrent_rpcs, streams, self.stream_stall_seconds)
 
     @property
     def pipelined(self) -> bool:
@@ -108,6 +122,7 @@ class SchedulerServer(GrpcProcess):
             metrics_port=config.metrics_port,
             port_file=config.port_file,
             grace_seconds=config.grace_seconds,
+            limits=config.limits,
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
 
