@@ -202,7 +202,7 @@ def test_overloaded_pushes_are_retried_and_applied_once(cluster: ClusterFactory)
         try:
             for _ in range(pushes):
                 ps.push_gradients("emb", keys, np.ones((20_000, 32), np.float32), iteration=0)
-        except BaseException as exc:  # noqa: BLE001 (reported below)
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=push) for _ in range(clients)]
