@@ -8,6 +8,7 @@ RESOURCE_EXHAUSTED (OVERLOADED) at once.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -216,3 +217,51 @@ def test_overloaded_pushes_are_retried_and_applied_once(cluster: ClusterFactory)
     after, versions = ps.pull("emb", keys)
     np.testing.assert_allclose(after, before - clients * pushes, rtol=0, atol=1e-4)
     assert (versions == 1).all()
+
+
+def test_unparsable_requests_are_invalid_argument_and_logged_once(
+    cluster: ClusterFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    servers, ps = cluster(1)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    keys = np.arange(10)
+    before, versions_before = ps.pull("emb", keys)
+    channel = grpc.insecure_channel(f"127.0.0.1:{servers[0].port}")
+    garbage = b"\xff\xff\xff\xff"  # field 0x1f..., wire type 7: no protobuf message
+    codes = []
+    with caplog.at_level(logging.WARNING, logger="heraldps.admission"):
+        for method in ("Pull", "PushGradients", "WriteBack", "Load") * 10:
+            call = channel.unary_unary(f"/heraldps.v1.ParameterServer/{method}")
+            with pytest.raises(grpc.RpcError) as err:
+                call(garbage, timeout=5)
+            codes.append(err.value.code())
+            assert "not a valid protobuf message" in err.value.details()
+    assert set(codes) == {grpc.StatusCode.INVALID_ARGUMENT}
+    logged = [r for r in caplog.records if "does not parse" in r.getMessage()]
+    assert len(logged) == 1  # once per client host, not per request
+    assert servers_metric(servers[0], "heraldps_rpc_rejected_total", {"why": "unparsable"}) == 40
+    after, versions_after = ps.pull("emb", keys)
+    np.testing.assert_array_equal(after, before)
+    np.testing.assert_array_equal(versions_after, versions_before)
+    channel.close()
+
+
+def test_unparsable_scheduler_request_is_invalid_argument() -> None:
+    server = SchedulerServer(
+        SchedulerConfig(workers=1, cache_rows=10, host="127.0.0.1", port=0, grace_seconds=0)
+    )
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        for method in ("ReportDone", "WatchPlans"):
+            call = (channel.unary_stream if method == "WatchPlans" else channel.unary_unary)(
+                f"/heraldps.v1.Scheduler/{method}"
+            )
+            with pytest.raises(grpc.RpcError) as err:
+                result = call(b"\xff\xff\xff\xff", timeout=5)
+                if method == "WatchPlans":
+                    list(result)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        channel.close()
+        server.stop(grace=0)
