@@ -14,6 +14,8 @@ before its handler runs (and before its request is parsed):
   ``stream_stall_seconds`` is cancelled, so an idle reader frees its thread;
 - health checks skip the line and the limits.
 
+After a big call (``heraldps.malloc``), freed memory is given back to the system.
+
 The thread pool holds a thread for every call admitted plus headroom, and grpcio's
 own ``maximum_concurrent_rpcs`` is set to that size: nothing ever waits in the
 executor's queue. Requests are parsed here, not by grpcio, so a request that does
@@ -34,6 +36,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from heraldps.errors import HeraldError, InvalidArgument, Overloaded, to_rpc_status
+from heraldps.malloc import Trimmer
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +156,7 @@ class Admission(grpc.ServerInterceptor):
             "heraldps_rpc_in_flight", "RPCs admitted, by kind (unary, stream)", ["kind"],
             registry=registry,
         )  # fmt: skip
+        self._trimmer = Trimmer()
         self._stalls = _StallWatch(
             limits.stream_stall_seconds, lambda: self.rejected.labels("stalled").inc()
         )
@@ -210,13 +214,19 @@ class Admission(grpc.ServerInterceptor):
         def run(raw: bytes, context: grpc.ServicerContext) -> bytes:
             if exempt:
                 return serialize(behavior(self._parse(parse, raw, method, context), context))
-            with self._admitted_unary(method, context), self._reserved(raw, method, context):
-                self._wait_for_thread(method, context)
-                try:
-                    request = self._parse(parse, raw, method, context)
-                    return serialize(behavior(request, context))
-                finally:
-                    self._slots.release()
+            moved = len(raw)
+            try:
+                with self._admitted_unary(method, context), self._reserved(raw, method, context):
+                    self._wait_for_thread(method, context)
+                    try:
+                        request = self._parse(parse, raw, method, context)
+                        data = serialize(behavior(request, context))
+                        moved += len(data)
+                        return data
+                    finally:
+                        self._slots.release()
+            finally:
+                self._trimmer.after_call(moved)
 
         return run
 

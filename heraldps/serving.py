@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from concurrent import futures
@@ -14,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
+from heraldps import malloc
 from heraldps.admission import Admission, Limits, Reserve
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ class GrpcProcess:
         self._metrics_port_wanted = metrics_port
         self._port_file = port_file
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        if "MALLOC_ARENA_MAX" not in os.environ:  # before the pool's threads allocate
+            malloc.limit_arenas()
         self.limits = limits or Limits(threads=threads)
         self.admission = Admission(self.limits, registry, reserve)
         pool = self.limits.pool_threads  # a thread for every call admitted: no queue

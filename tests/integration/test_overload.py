@@ -19,9 +19,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from heraldps import wire
-from heraldps.client import PSClient
+from heraldps.client import PSClient, rpc
 from heraldps.errors import Overloaded, error_from_rpc
 from heraldps.optim import SGD
+from heraldps.serving import channel_options
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from ps_server.server import PSServer
 from scheduler_service.server import SchedulerConfig, SchedulerServer
@@ -265,3 +266,31 @@ def test_unparsable_scheduler_request_is_invalid_argument() -> None:
     finally:
         channel.close()
         server.stop(grace=0)
+
+
+def test_memory_limit_counts_request_and_response_buffers(cluster: ClusterFactory) -> None:
+    """16 concurrent 64 MB GetVersions took a shard from 0.1 to 2.8 GB, none of it
+    counted: now a call's request and response are charged while it runs."""
+    servers, ps = cluster(1, memory_limit_gb=0.05)  # 51.2 MiB
+    shard = servers[0]
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    ps.pull("emb", np.arange(100))
+    held = shard.store.budget.used_bytes
+    channel = grpc.insecure_channel(f"127.0.0.1:{shard.port}", options=channel_options(2**26))
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+
+    def versions(n: int) -> ps_pb2.GetVersionsResponse:
+        keys = wire.encode_keys(np.arange(n, dtype=np.int64))
+        return stub.GetVersions(ps_pb2.GetVersionsRequest(table="emb", keys=keys), timeout=30)
+
+    # 1M keys: 8 MB request (16 MiB charged) + 24 MB response: fits.
+    assert len(versions(1_000_000).versions) == 8_000_000
+    # 3M keys: 46 MiB for the request and 69 MiB for the response: refused, nothing made.
+    with pytest.raises(grpc.RpcError) as err:
+        versions(3_000_000)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--memory-limit-gb" in err.value.details()
+    assert not rpc.not_started(error_from_rpc(err.value))  # the handler's: never retried
+    assert shard.store.budget.used_bytes == held  # every reservation released
+    assert ps.describe_table("emb").rows == 100
+    channel.close()
