@@ -60,9 +60,9 @@ SERVERS = {"unbounded": ["--max-concurrent-rpcs", "100000"], "bounded": []}
 @contextlib.contextmanager
 def shards(
     count: int, flags: list[str], workdir: Path, source: Path = ROOT
-) -> Iterator[list[tuple[str, int]]]:
+) -> Iterator[list[tuple[str, int, int]]]:
     """``count`` shards of the real CLI (the code in ``source``); yields (address,
-    metrics port) of each."""
+    metrics port, pid) of each."""
     env = {**os.environ, "PYTHONPATH": str(source)}
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -86,7 +86,7 @@ def shards(
                     raise RuntimeError(f"shard {index} did not start; see {workdir}")
                 time.sleep(0.05)
             port, metrics = port_file.read_text().split()
-            found.append((f"127.0.0.1:{port}", int(metrics)))
+            found.append((f"127.0.0.1:{port}", int(metrics), proc.pid))
         yield found
     finally:
         for proc in procs:
@@ -189,12 +189,12 @@ def main() -> None:
             runs.insert(0, ("before", [], unpack(args.before, Path(tmp) / "before")))
         for server, flags, source in runs:
             with shards(args.shards, flags, Path(tmp), source) as found:
-                addresses = [a for a, _ in found]
+                addresses = [a for a, _, _ in found]
                 with PSClient(addresses) as ps:
                     ps.create_table("emb", dim=DIM, optimizer=SGD(lr=0.1))
                     ps.pull("emb", np.arange(ROWS))
                 for clients in counts:
-                    metrics = [m for _, m in found]
+                    metrics = [m for _, m, _ in found]
                     before = refused(metrics)
                     latencies, errors = measure(addresses, clients, args.seconds)
                     lat = np.array(latencies) if latencies else np.array([np.nan])

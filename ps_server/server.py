@@ -125,6 +125,8 @@ class PSServer(GrpcProcess):
                 config.data_dir, config.shard_index, config.num_shards, policy,
                 config.durability, config.max_disk_gb,
             )  # fmt: skip
+            # Its host cache is sized by --cache-gb; the limit counts the calls' buffers.
+            self.store.budget.limit_bytes = limit
         else:
             self.store = StagedStore(config.shard_index, config.num_shards, limit)
         if config.restore:
@@ -147,7 +149,8 @@ class PSServer(GrpcProcess):
             port_file=config.port_file,
             grace_seconds=config.grace_seconds,
             limits=config.limits,
-            reserve=self.store.budget.reserve,
+            # Looked up per call: a Load gives the store a fresh budget.
+            reserve=lambda nbytes, what: self.store.budget.reserve(nbytes, what),
         )
         add_servicer(self.servicer, self.server)
 
