@@ -6,7 +6,7 @@ waiting behind them. ``Admission`` is a server interceptor that sorts every RPC
 before its handler runs (and before its request is parsed):
 
 - unary calls of our services: at most ``max_concurrent_rpcs`` at once, of which
-  ``threads`` run and the rest wait in line (FIFO); one more is answered
+  ``threads`` run and the rest wait in line (in arrival order); one more is answered
   RESOURCE_EXHAUSTED with reason ``OVERLOADED`` at once, so the client knows the
   server never started it and may retry any call, even a push;
 - streams (server- or client-streaming): at most ``max_streams`` open, beyond that
@@ -139,7 +139,7 @@ class Admission(grpc.ServerInterceptor):
     ) -> None:
         self.limits = limits
         self.reserve = reserve
-        self._slots = threading.BoundedSemaphore(limits.threads)  # FIFO wake-up order
+        self._slots = threading.BoundedSemaphore(limits.threads)  # wakes waiters in order
         self._lock = threading.Lock()
         self._unary = 0
         self._streams = 0
