@@ -16,6 +16,11 @@ before its handler runs (and before its request is parsed):
 
 After a big call (``heraldps.malloc``), freed memory is given back to the system.
 
+Why not ``grpc.aio``: it runs a sync generator handler on a pool thread for the
+stream's whole life too (``generator_to_async_generator``), so only rewriting every
+handler as a coroutine would help, and the stores' calls block anyway. Bounding what
+the sync server admits fixes the freezes with the handlers unchanged.
+
 The thread pool holds a thread for every call admitted plus headroom, and grpcio's
 own ``maximum_concurrent_rpcs`` is set to that size: nothing ever waits in the
 executor's queue. Requests are parsed here, not by grpcio, so a request that does
