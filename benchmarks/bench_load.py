@@ -5,6 +5,8 @@ Run from the repository root::
     python benchmarks/bench_load.py              # about 90 s on 2 cores
     python benchmarks/bench_load.py --seconds 4  # shorter
     python benchmarks/bench_load.py --clients 1,16,64,256
+    python benchmarks/bench_load.py --clients 64 --client-processes 1 --keys 8000 \
+        --servers bounded --before REV --out /tmp/load.json   # other client shapes
 
 Two shards started with the real CLI (``python -m launcher ps``), each in its
 own process, serve one table (dim 64, SGD, 100,000 rows). For each number of
@@ -119,7 +121,7 @@ def refused(metrics_ports: list[int]) -> int:
 
 
 def client_process(
-    addresses: list[str], threads: int, seconds: float, start_at: float, out: mp.Queue
+    addresses: list[str], threads: int, keys: int, seconds: float, start_at: float, out: mp.Queue
 ) -> None:
     """``threads`` clients, each with its own PSClient, pulling until the time is up."""
     from heraldps.client import PSClient
@@ -134,10 +136,10 @@ def client_process(
             while time.time() < start_at:
                 time.sleep(0.001)
             while time.time() < start_at + seconds:
-                keys = rng.integers(0, ROWS, KEYS_PER_PULL)
+                wanted = rng.integers(0, ROWS, keys)
                 began = time.perf_counter()
                 try:
-                    ps.pull("emb", keys)
+                    ps.pull("emb", wanted)
                     latencies[i].append(time.perf_counter() - began)
                 except Exception:
                     errors[i] += 1
@@ -150,13 +152,16 @@ def client_process(
     out.put(([x for per in latencies for x in per], sum(errors)))
 
 
-def measure(addresses: list[str], clients: int, seconds: float) -> tuple[list[float], int]:
-    processes = min(CLIENT_PROCESSES, clients)
+def measure(
+    addresses: list[str], clients: int, keys: int, seconds: float, client_processes: int
+) -> tuple[list[float], int]:
+    processes = min(client_processes, clients)
     per = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
     out: mp.Queue = mp.Queue()
     start_at = time.time() + 3.0 + clients * 0.01  # every client connected first
     procs = [
-        mp.Process(target=client_process, args=(addresses, n, seconds, start_at, out)) for n in per
+        mp.Process(target=client_process, args=(addresses, n, keys, seconds, start_at, out))
+        for n in per
     ]
     for p in procs:
         p.start()
@@ -177,6 +182,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="pulling time per point")
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--before", default=None, help="also run the shards of this commit")
+    parser.add_argument("--client-processes", type=int, default=CLIENT_PROCESSES)
+    parser.add_argument("--keys", type=int, default=KEYS_PER_PULL, help="keys per pull")
+    parser.add_argument(
+        "--servers", default=",".join(SERVERS), help="which of " + ", ".join(SERVERS)
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     from heraldps.client import PSClient
@@ -184,7 +195,8 @@ def main() -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [(server, flags, ROOT) for server, flags in SERVERS.items()]
+        chosen = args.servers.split(",")
+        runs = [(server, flags, ROOT) for server, flags in SERVERS.items() if server in chosen]
         if args.before:
             runs.insert(0, ("before", [], unpack(args.before, Path(tmp) / "before")))
         for server, flags, source in runs:
@@ -196,7 +208,9 @@ def main() -> None:
                 for clients in counts:
                     metrics = [m for _, m, _ in found]
                     before = refused(metrics)
-                    latencies, errors = measure(addresses, clients, args.seconds)
+                    latencies, errors = measure(
+                        addresses, clients, args.keys, args.seconds, args.client_processes
+                    )
                     lat = np.array(latencies) if latencies else np.array([np.nan])
                     p50, p95, p99 = (float(np.percentile(lat, q)) for q in (50, 95, 99))
                     rows.append({
@@ -225,13 +239,13 @@ def main() -> None:
               f"{verdict})")  # fmt: skip
     machine = {"python": platform.python_version(), "numpy": np.__version__,
                "processor": platform.processor(), "cpus": os.cpu_count()}  # fmt: skip
-    config = {"shards": args.shards, "rows": ROWS, "dim": DIM, "keys_per_pull": KEYS_PER_PULL,
-              "seconds": args.seconds, "client_processes": CLIENT_PROCESSES,
+    config = {"shards": args.shards, "rows": ROWS, "dim": DIM, "keys_per_pull": args.keys,
+              "seconds": args.seconds, "client_processes": args.client_processes,
               "servers": SERVERS, "before": args.before}  # fmt: skip
-    RESULTS.write_text(
+    args.out.write_text(
         json.dumps({"machine": machine, "config": config, "rows": rows}, indent=2) + "\n"
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
