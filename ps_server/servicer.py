@@ -54,7 +54,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.store = store
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
-        metrics.memory_limit.labels(metrics.shard).set(store.budget.limit_bytes or 0)
+        # The table memory cap; a Cached-PS's limit counts only calls' buffers, not its tables.
+        table_cap = store.budget.limit_bytes if isinstance(store, StagedStore) else None
+        metrics.memory_limit.labels(metrics.shard).set(table_cap or 0)
         metrics.committed_iteration.labels(metrics.shard).set(store.committed_iteration)
 
     # ----- helpers ----------------------------------------------------------
