@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 # must not fail because training traffic is heavy.
 EXEMPT_METHODS = frozenset({"/grpc.health.v1.Health/Check"})
 HEADROOM_THREADS = 16  # for health checks and for answering OVERLOADED quickly
-WAIT_POLL_SECONDS = 0.25
+WAIT_POLL_SECONDS = 5.0  # without a deadline: how often a waiter checks its caller
 MAX_LOGGED_HOSTS = 4096
 
 Reserve = Callable[[int, str], contextlib.AbstractContextManager[None]]
@@ -324,18 +324,27 @@ class Admission(grpc.ServerInterceptor):
 
     def _wait_for_thread(self, method: str, context: grpc.ServicerContext) -> None:
         """Take one of ``threads`` run slots, in arrival order; give up when the
-        caller's deadline passes or it goes away."""
-        while not self._slots.acquire(timeout=WAIT_POLL_SECONDS):
-            if not context.is_active():
-                self.rejected.labels("overloaded").inc()
-                _abort(
-                    context,
-                    Overloaded(
-                        f"{method}: the deadline passed while the call waited for one of "
-                        f"the server's {self.limits.threads} threads; it was not started",
-                        metadata={"limit": str(self.limits.threads), "started": "false"},
-                    ),
-                )
+        caller's deadline passes or it goes away.
+
+        A waiter whose ``acquire`` times out goes to the back of the line, so it
+        waits for its whole deadline at once, or ``WAIT_POLL_SECONDS`` without one.
+        """
+        while True:
+            remaining = context.time_remaining()
+            wait = WAIT_POLL_SECONDS if remaining is None else min(remaining, WAIT_POLL_SECONDS)
+            if self._slots.acquire(timeout=max(wait, 0.0)):
+                return
+            if context.is_active() and (remaining is None or remaining > wait):
+                continue
+            self.rejected.labels("overloaded").inc()
+            _abort(
+                context,
+                Overloaded(
+                    f"{method}: the deadline passed while the call waited for one of "
+                    f"the server's {self.limits.threads} threads; it was not started",
+                    metadata={"limit": str(self.limits.threads), "started": "false"},
+                ),
+            )
 
     @contextlib.contextmanager
     def _reserved(self, raw: bytes, method: str, context: grpc.ServicerContext) -> Iterator[None]:
