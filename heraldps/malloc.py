@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import threading
 import time
@@ -80,5 +81,8 @@ class Trimmer:
                 self._arm(wait)
                 return
             self._pending = False
+        # A failed call's traceback and its frames form a cycle that holds the request
+        # (tens of MB) until the cyclic collector runs: run it first, once per burst.
+        gc.collect()
         assert _LIBC is not None
         _LIBC.malloc_trim(0)  # ctypes releases the GIL for the call
