@@ -5,7 +5,7 @@ NumPy arrays; glibc keeps freed chunks in per-thread arenas, so after 16 such
 calls at once a shard stayed at ~2.9 GB resident. Two measures, both measured
 in docs/figures.md: fewer arenas (``MALLOC_ARENA_MAX``, set for the servers by
 ``heraldps.serving`` before threads start, unless the environment sets it) and
-``malloc_trim`` once big calls have stopped for a second.
+a cycle collection and ``malloc_trim`` once big calls have stopped for a second.
 """
 
 from __future__ import annotations
