@@ -239,13 +239,20 @@ class VersionConflict(Aborted):
     reason = "VERSION_CONFLICT"
 
 
+class Overloaded(ResourceExhausted):
+    """The server was at its concurrency or stream limit and did not start the call, so
+    any call, even a push, may be sent again (``heraldps.admission``)."""
+
+    reason = "OVERLOADED"
+
+
 _CODE_CLASSES: tuple[type[HeraldError], ...] = (
     Cancelled, Unknown, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
     PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange, Unimplemented,
     Internal, Unavailable, DataLoss, Unauthenticated,
 )  # fmt: skip
 _DOMAIN_CLASSES: tuple[type[HeraldError], ...] = (
-    CacheTooSmall, UnknownTable, TableExists, StaleIteration, VersionConflict,
+    CacheTooSmall, UnknownTable, TableExists, StaleIteration, VersionConflict, Overloaded,
 )  # fmt: skip
 _BY_CODE = {cls.code: cls for cls in _CODE_CLASSES}
 _BY_REASON = {cls.reason: cls for cls in (*_CODE_CLASSES, *_DOMAIN_CLASSES)}

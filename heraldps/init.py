@@ -22,6 +22,10 @@ from heraldps.sharding import splitmix64
 from heraldps.v1 import types_pb2
 
 _TO_UNIT = 1.0 / 9007199254740992.0  # 2**-53
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The largest |z| a Box-Muller draw reaches: the smallest u1 is 0.5 * 2**-53 (``_unit``),
+# so the radius is at most sqrt(-2 ln(2**-54)) ~ 8.65 standard deviations.
+MAX_NORMAL_SIGMAS = math.sqrt(-2.0 * math.log(0.5 * _TO_UNIT))
 
 
 @njit(nogil=True, inline="always")
@@ -88,6 +92,11 @@ class Uniform:
             raise InvalidArgument(
                 f"uniform initializer needs finite low < high, got low={self.low}, high={self.high}"
             )
+        if max(abs(self.low), abs(self.high)) > _FLOAT32_MAX:
+            raise InvalidArgument(
+                f"uniform initializer: low={self.low}, high={self.high} reach beyond float32 "
+                f"(|x| <= {_FLOAT32_MAX:.4g}); rows would hold Inf. Pick smaller bounds"
+            )
 
     def generate(self, keys: npt.NDArray[np.int64], dim: int) -> npt.NDArray[np.float32]:
         keys = np.ascontiguousarray(keys, np.int64)
@@ -115,6 +124,13 @@ class Normal:
             raise InvalidArgument(
                 f"normal initializer needs finite mean and std >= 0, got mean={self.mean}, "
                 f"std={self.std}"
+            )
+        reach = abs(self.mean) + MAX_NORMAL_SIGMAS * self.std
+        if reach > _FLOAT32_MAX:
+            raise InvalidArgument(
+                f"normal initializer: mean={self.mean}, std={self.std} can draw values up to "
+                f"|mean| + {MAX_NORMAL_SIGMAS:.2f} std = {reach:.4g}, beyond float32 "
+                f"({_FLOAT32_MAX:.4g}); rows would hold Inf. Pick a smaller mean or std"
             )
 
     def generate(self, keys: npt.NDArray[np.int64], dim: int) -> npt.NDArray[np.float32]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from concurrent import futures
@@ -14,6 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
+from heraldps import malloc
+from heraldps.admission import Admission, Limits, Reserve
 from heraldps.security import OPEN, ServerSecurity
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,8 @@ class GrpcProcess:
         grace_seconds: float,
         security: ServerSecurity = OPEN,
         admin_methods: tuple[str, ...] = (),
+        limits: Limits | None = None,
+        reserve: Reserve | None = None,
     ) -> None:
         self.name = name
         self.service_names = service_names
@@ -80,10 +85,17 @@ class GrpcProcess:
         self._metrics_port_wanted = metrics_port
         self._port_file = port_file
         self.health = health.HealthServicer(experimental_non_blocking=True)
+        if "MALLOC_ARENA_MAX" not in os.environ:  # before the pool's threads allocate
+            malloc.limit_arenas()
+        self.limits = limits or Limits(threads=threads)
+        self.admission = Admission(self.limits, registry, reserve)
+        pool = self.limits.pool_threads  # a thread for every call admitted: no queue
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-rpc"),
+            futures.ThreadPoolExecutor(max_workers=pool, thread_name_prefix=f"{name}-rpc"),
             options=channel_options(max_message_bytes) + _PING_PERMISSIONS,
-            interceptors=security.interceptors(admin_methods),
+            # The role check first: a refused caller is answered before admission counts it.
+            interceptors=[*security.interceptors(admin_methods), self.admission],
+            maximum_concurrent_rpcs=pool,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if security.reflection:

@@ -12,7 +12,7 @@ from heraldps.optim import SGD, Optimizer, optimizer_from_proto
 from heraldps.v1 import types_pb2
 
 MAX_DIM = 65536
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")  # whole name: fullmatch, never "$"
 
 
 class UpdateMode(enum.Enum):
@@ -76,7 +76,7 @@ class TableSpec:
 
 
 def validate_table_name(name: str) -> None:
-    if not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidArgument(
             f"table name {name!r} is invalid: use 1-128 characters from [A-Za-z0-9_.-]"
         )

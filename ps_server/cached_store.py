@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ from heraldps.errors import (
 from heraldps.spec import TableSpec
 from heraldps.v1 import types_pb2
 from ps_server.cached_table import CachedTable, CachePolicy
-from ps_server.checks import check_commit_order, check_same_spec
+from ps_server.checks import check_commit_order, check_initializer, check_same_spec
 from ps_server.memory import MemoryBudget
 from ps_server.shard_tables import ShardTables
 from ps_server.table import RowBlock
@@ -160,6 +161,14 @@ class CachedStore(ShardTables[CachedTable]):
                 f"writing {self.path} failed ({exc}); free disk space (nothing of this "
                 "request was written)"
             ) from None
+        except lmdb.Error as exc:
+            # On a full disk a short write surfaces from mdb_txn_commit as EIO, not ENOSPC.
+            if "Input/output error" not in str(exc) or not _disk_nearly_full(self.path):
+                raise
+            raise ResourceExhausted(
+                f"writing {self.path} failed ({exc}) with the disk full; free disk space "
+                "(nothing of this request was written, the shard serves on)"
+            ) from None
 
     def _sync_periodically(self, seconds: float) -> None:
         while not self._stop_sync.wait(seconds):
@@ -182,6 +191,7 @@ class CachedStore(ShardTables[CachedTable]):
             if existing is not None:
                 check_same_spec(existing.spec, spec)
                 return existing, False
+            check_initializer(spec)
             if len(self._tables) >= _MAX_TABLES:
                 raise ResourceExhausted(f"a Cached-PS shard holds at most {_MAX_TABLES} tables")
             table = CachedTable(spec, self.env, self.policy, self.committed_iteration)
@@ -262,30 +272,69 @@ class CachedStore(ShardTables[CachedTable]):
             return self.committed_iteration, [(t.spec, t.snapshot()) for t in self.tables()]
 
     def replace_all(
-        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]]
+        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]], apply: bool = True
     ) -> int:
-        """Swap in a snapshot's tables in one transaction; nothing changes if it fails."""
+        """Swap in a snapshot's tables in one transaction; nothing changes if it fails.
+
+        ``apply=False`` writes it all the same (so --max-disk-gb and the disk are
+        checked) and aborts the transaction: Load's ``validate_only``.
+        """
         names = [spec.name for spec, _ in tables]
         if len(set(names)) != len(names):
             raise InvalidArgument("snapshot holds a table twice")
         with self._commit_lock, self._write_lock:
-            built = {
-                spec.name: CachedTable(spec, self.env, self.policy, committed_iteration)
-                for spec, _ in tables
-            }
-            with self._write_txn() as txn:
-                for old in self.tables():
-                    if old.name not in built:
-                        old.disk.clear(txn)
-                        txn.delete(f"spec:{old.name}".encode(), db=self.meta)
-                for spec, block in tables:
-                    built[spec.name].load_rows(block, txn)
-                    txn.put(f"spec:{spec.name}".encode(), spec.to_proto().SerializeToString(),
+            built: dict[str, CachedTable] = {}
+            try:
+                with self._write_txn() as txn:
+                    # Databases of new tables are created in the transaction: a failed or
+                    # validate-only load leaves none behind.
+                    for spec, _ in tables:
+                        built[spec.name] = CachedTable(
+                            spec, self.env, self.policy, committed_iteration, txn
+                        )
+                    for old in self.tables():
+                        if old.name not in built:
+                            old.disk.clear(txn)
+                            txn.delete(f"spec:{old.name}".encode(), db=self.meta)
+                    for spec, block in tables:
+                        built[spec.name].load_rows(block, txn)
+                        txn.put(f"spec:{spec.name}".encode(), spec.to_proto().SerializeToString(),
+                                db=self.meta)  # fmt: skip
+                    txn.put(b"committed_iteration", str(committed_iteration).encode(),
                             db=self.meta)  # fmt: skip
-                txn.put(b"committed_iteration", str(committed_iteration).encode(), db=self.meta)
-            self._tables = built
+                    if not apply:
+                        raise _DryRun
+            except _DryRun:
+                pass
+            except BaseException:
+                _close(built.values())
+                raise
+            if not apply:
+                _close(built.values())
+                return sum(len(block) for _, block in tables)
+            old_tables, self._tables = list(self._tables.values()), built
             self.committed_iteration = committed_iteration
+            _close(old_tables)
             return sum(len(block) for _, block in tables)
+
+
+class _DryRun(Exception):
+    """Raised inside a write transaction to abort it (a validate-only load)."""
+
+
+def _close(tables: Any) -> None:
+    for table in tables:
+        table.close()
+
+
+def _disk_nearly_full(path: Path) -> bool:
+    """Under 1% (at most 64 MiB) of the file system holding ``path`` is free."""
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return False
+    free, size = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+    return free < min(64 * 2**20, size // 100)
 
 
 def _exclusive_lock(path: Path) -> Any:

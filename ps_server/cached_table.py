@@ -25,7 +25,13 @@ import numpy.typing as npt
 
 from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec, UpdateMode
-from ps_server.checks import check_push_iteration, check_versions_unchanged, check_write_back
+from ps_server.checks import (
+    COMMIT_HINT,
+    check_finite_rows,
+    check_push_iteration,
+    check_versions_unchanged,
+    check_write_back,
+)
 from ps_server.grad_buffer import GradBuffer
 from ps_server.kernels import copy_clocks, copy_rows
 from ps_server.lmdb_rows import LmdbRows
@@ -58,7 +64,12 @@ class CachedTable:
     """LMDB-backed rows of one table on one shard, with a host cache in front."""
 
     def __init__(
-        self, spec: TableSpec, env: Any, policy: CachePolicy, committed_iteration: int
+        self,
+        spec: TableSpec,
+        env: Any,
+        policy: CachePolicy,
+        committed_iteration: int,
+        txn: Any = None,
     ) -> None:
         self.spec = spec
         self.dim = spec.dim
@@ -66,7 +77,7 @@ class CachedTable:
         self.lock = threading.Lock()
         self.committed_iteration = committed_iteration
         self.env = env
-        self.disk = LmdbRows(env, spec.name, self.dim, self.state_width)
+        self.disk = LmdbRows(env, spec.name, self.dim, self.state_width, txn)
         capacity = policy.cache_bytes // self.row_bytes
         self.cache = RowCache(
             capacity, self.dim, self.state_width, policy.target_hit_rate, policy.max_num_evict
@@ -208,6 +219,7 @@ class CachedTable:
                 rows = self._read(unique, admit=False)
                 at = np.arange(unique.shape[0])
                 self._apply(rows, at, summed, self.committed_iteration + 1, unique_steps)
+                check_finite_rows(self.name, "push", rows.keys, rows.values, rows.state)
                 with txn_factory() as txn:
                     self._write(txn, rows)
                 self._refresh_cache(rows)
@@ -227,7 +239,8 @@ class CachedTable:
         steps: npt.NDArray[np.int32] | None,
     ) -> None:
         values, state = rows.values[at], rows.state[at]
-        self.spec.optimizer.apply_steps(values, state, grads, steps)
+        with np.errstate(over="ignore", invalid="ignore"):  # checked before it is written
+            self.spec.optimizer.apply_steps(values, state, grads, steps)
         rows.values[at], rows.state[at] = values, state
         rows.versions[at] += 1
         rows.changed[at] = it
@@ -249,6 +262,8 @@ class CachedTable:
             at = inverse[start : start + keys.shape[0]]
             self._apply(rows, at, grads, it, paced_steps(steps, it, rows.changed[at]))
             start += keys.shape[0]
+        what = f"commit of iteration {its[-1]}"
+        check_finite_rows(self.name, what, union, rows.values, rows.state, COMMIT_HINT)
         self._write(txn, rows)
         return rows, its, start
 

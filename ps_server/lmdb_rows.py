@@ -52,9 +52,11 @@ def sort_for_disk(keys: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
 class LmdbRows:
     """One table's named database inside a shard's LMDB environment."""
 
-    def __init__(self, env: Any, name: str, dim: int, state_width: int) -> None:
+    def __init__(self, env: Any, name: str, dim: int, state_width: int, txn: Any = None) -> None:
+        """``txn``: a write transaction to create the database in (it then exists only if
+        that transaction commits); None creates it at once."""
         self.env = env
-        self.db = env.open_db(f"table:{name}".encode())
+        self.db = env.open_db(f"table:{name}".encode(), txn=txn)
         self.dim = dim
         self.state_width = state_width
         self.row_bytes = 16 + 4 * (dim + state_width)

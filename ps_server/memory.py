@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 from heraldps.errors import ResourceExhausted
 
@@ -13,8 +15,9 @@ class MemoryBudget:
     Stores charge the bytes a request would add *before* writing anything,
     so a request over the cap fails with RESOURCE_EXHAUSTED and changes
     nothing. What is counted: keys, values, optimizer state, versions,
-    change marks, key-index slots and gradient buffers. Python and gRPC
-    overhead is not.
+    change marks, key-index slots and gradient buffers, and, while a call
+    runs, its request (``heraldps.admission``) and the response it builds
+    (``reserve``). Python's and gRPC's own overhead is not.
     """
 
     def __init__(self, limit_bytes: int | None = None) -> None:
@@ -43,3 +46,13 @@ class MemoryBudget:
     def release(self, nbytes: int) -> None:
         with self._lock:
             self._used = max(0, self._used - nbytes)
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int, what: str) -> Iterator[None]:
+        """Hold ``nbytes`` while the block runs (a request's or a response's buffers):
+        over the limit, ResourceExhausted before anything is built."""
+        self.charge(nbytes, what)
+        try:
+            yield
+        finally:
+            self.release(nbytes)

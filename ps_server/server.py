@@ -10,6 +10,7 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
+from heraldps.admission import Limits
 from heraldps.security import ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import ps_pb2
@@ -54,6 +55,9 @@ class PSConfig:
     restore: str | None = None  # a Save snapshot to load at start (not confined: the operator's)
     snapshot_root: str | None = None  # Save/Load paths stay under it (None: any path)
     security: ServerSecurity = field(default_factory=ServerSecurity)
+    max_concurrent_rpcs: int = 0  # 0: 4 x threads (heraldps.admission)
+    max_streams: int = 16
+    stream_stall_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if self.store not in ("staged", "cached"):
@@ -76,10 +80,17 @@ class PSConfig:
                 f"--snapshot-root {self.snapshot_root!r} and --data-dir {self.data_dir!r} "
                 "overlap: a Save there could overwrite the live store; keep them apart"
             )
+        self.limits  # noqa: B018 (checks the limits' flags)
 
     @property
     def max_message_bytes(self) -> int:
         return self.max_message_mb * 2**20
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            self.threads, self.max_concurrent_rpcs, self.max_streams, self.stream_stall_seconds
+        )
 
 
 def _overlap(a: str, b: str) -> bool:
@@ -134,6 +145,8 @@ class PSServer(GrpcProcess):
                 config.data_dir, config.shard_index, config.num_shards, policy,
                 config.durability, config.max_disk_gb,
             )  # fmt: skip
+            # Its host cache is sized by --cache-gb; the limit counts the calls' buffers.
+            self.store.budget.limit_bytes = limit
         else:
             self.store = StagedStore(config.shard_index, config.num_shards, limit)
         if config.restore:
@@ -159,6 +172,9 @@ class PSServer(GrpcProcess):
             grace_seconds=config.grace_seconds,
             security=config.security,
             admin_methods=ADMIN_METHODS,
+            limits=config.limits,
+            # Looked up per call: a Load gives the store a fresh budget.
+            reserve=lambda nbytes, what: self.store.budget.reserve(nbytes, what),
         )
         add_servicer(self.servicer, self.server)
 

@@ -60,7 +60,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.snapshot_root = snapshot_root  # Save/Load stay under it (ps_server.paths)
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
-        metrics.memory_limit.labels(metrics.shard).set(store.budget.limit_bytes or 0)
+        # The table memory cap; a Cached-PS's limit counts only calls' buffers, not its tables.
+        table_cap = store.budget.limit_bytes if isinstance(store, StagedStore) else None
+        metrics.memory_limit.labels(metrics.shard).set(table_cap or 0)
         metrics.committed_iteration.labels(metrics.shard).set(store.committed_iteration)
 
     # ----- helpers ----------------------------------------------------------
@@ -84,7 +86,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         m.rows.labels(m.shard, table.name).set(table.rows)
         m.bytes.labels(m.shard, table.name).set(table.nbytes)
 
-    def _check_response_size(self, rows: int, width: int, what: str) -> None:
+    def _check_response_size(self, rows: int, width: int, what: str) -> int:
+        """The response's size in bytes, or ResourceExhausted over the message limit."""
         size = rows * (width * 4 + 8)
         if size > self.max_message_bytes:
             raise ResourceExhausted(
@@ -92,6 +95,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 f"{self.max_message_bytes / 2**20:.0f} MiB message limit; send fewer keys per "
                 "request (PSClient splits requests automatically) or raise --max-message-mb"
             )
+        return size
 
     # ----- tables -----------------------------------------------------------
     @unary_handler
@@ -126,20 +130,21 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         table = self.store.table(request.table)
         keys = wire.decode_keys(request.keys)
         width = table.dim + (table.state_width if request.with_state else 0)
-        self._check_response_size(keys.shape[0], width, f"pull of {keys.shape[0]} keys")
-        block = table.pull(keys, request.with_state)
-        self.metrics.pulled.labels(self.metrics.shard, table.name).inc(keys.shape[0])
-        self._observe_size(table)
-        fields = ps_pb2.PullResponse.DESCRIPTOR.fields_by_name
-        return wire.encode_message(
-            [
-                (fields["values"].number, wire.wire_floats(block.values)),
-                (fields["versions"].number, wire.wire_keys(block.versions)),
-                (fields["state"].number, wire.wire_floats(block.state)),
-                (fields["dim"].number, table.dim),
-                (fields["state_width"].number, table.state_width),
-            ]
-        )
+        size = self._check_response_size(keys.shape[0], width, f"pull of {keys.shape[0]} keys")
+        with self.store.budget.reserve(2 * size, "the pull's response"):  # arrays + message
+            block = table.pull(keys, request.with_state)
+            self.metrics.pulled.labels(self.metrics.shard, table.name).inc(keys.shape[0])
+            self._observe_size(table)
+            fields = ps_pb2.PullResponse.DESCRIPTOR.fields_by_name
+            return wire.encode_message(
+                [
+                    (fields["values"].number, wire.wire_floats(block.values)),
+                    (fields["versions"].number, wire.wire_keys(block.versions)),
+                    (fields["state"].number, wire.wire_floats(block.state)),
+                    (fields["dim"].number, table.dim),
+                    (fields["state_width"].number, table.state_width),
+                ]
+            )
 
     @unary_handler
     def GetVersions(
@@ -147,9 +152,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.GetVersionsResponse:
         table = self.store.table(request.table)
         keys = wire.decode_keys(request.keys)
-        versions = table.versions(keys)
-        self.metrics.version_checks.labels(self.metrics.shard, table.name).inc(keys.shape[0])
-        return ps_pb2.GetVersionsResponse(versions=wire.encode_keys(versions))
+        # The versions array, its bytes and the message's copy of them.
+        with self.store.budget.reserve(3 * 8 * keys.shape[0], "the GetVersions response"):
+            versions = table.versions(keys)
+            self.metrics.version_checks.labels(self.metrics.shard, table.name).inc(keys.shape[0])
+            return ps_pb2.GetVersionsResponse(versions=wire.encode_keys(versions))
 
     @unary_handler
     def Prefetch(
@@ -254,6 +261,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Load(
         self, request: ps_pb2.LoadRequest, context: grpc.ServicerContext
     ) -> ps_pb2.LoadResponse:
+        """Replace every table with a snapshot, checked whole first (``validate_only``:
+        check it and that it fits, and change nothing)."""
+        if not request.path:
+            raise InvalidArgument("load: path is empty; pass the directory given to Save")
         try:
             iteration, tables = snapshot.read_for_shard(
                 paths.confine(request.path, self.snapshot_root, "load"),
@@ -262,7 +273,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             )
         except OSError as exc:
             raise _os_error(exc, f"load from {request.path!r}") from None
-        rows = self.store.replace_all(iteration, tables)
+        rows = self.store.replace_all(iteration, tables, apply=not request.validate_only)
+        if request.validate_only:
+            return ps_pb2.LoadResponse(rows=rows, committed_iteration=iteration)
         m = self.metrics
         m.committed_iteration.labels(m.shard).set(iteration)
         for table in self.store.tables():

@@ -4,7 +4,8 @@ A snapshot is a directory; each shard writes its own sub-directory::
 
     SNAPSHOT/
       shard-00000-of-00002/
-        meta.json                 format, shard, committed iteration, table specs
+        meta.json                 format, shard, committed iteration, table specs,
+                                  the SHA-256 of every .npy file (format_version 2)
         <table>.keys.npy          int64 [n]
         <table>.values.npy        float32 [n, dim]
         <table>.state.npy         float32 [n, state_width]
@@ -12,7 +13,10 @@ A snapshot is a directory; each shard writes its own sub-directory::
         <table>.changed.npy       int64 [n]   (iteration of last change, -1 never)
       shard-00001-of-00002/ ...
 
-Plain ``.npy`` files, readable with ``numpy.load`` by any tool. A shard
+Plain ``.npy`` files, readable with ``numpy.load`` by any tool. Load checks
+every file against its checksum and every field and row against the rules in
+``snapshot_check`` before it returns anything (format_version 1 snapshots,
+written before checksums, get every check but the checksums). A shard
 writes into a temporary directory and renames it into place, so a reader
 never sees a half-written shard directory. Load reads every shard directory
 and keeps the rows whose key now hashes to the loading shard, so a snapshot
@@ -34,18 +38,21 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
 
-from heraldps.errors import FailedPrecondition, InvalidArgument
+from heraldps.errors import FailedPrecondition, HeraldError, InvalidArgument
 from heraldps.sharding import shard_of
 from heraldps.spec import TableSpec
 from heraldps.v1 import types_pb2
+from ps_server import snapshot_check as check
 from ps_server.table import RowBlock
 
 FORMAT = "heraldps-snapshot"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: meta.json holds each file's sha256
+READABLE_VERSIONS = (1, 2)
 _ARRAYS = ("keys", "values", "state", "versions", "changed")
 _PUBLISH_LOCK = threading.Lock()
 
@@ -66,7 +73,35 @@ def check_target(
     final = root / shard_dir_name(shard_index, num_shards)
     _refuse_kept_out(root, final, keep_out)
     _refuse_foreign(final)
+    _refuse_stores(root)
     return final
+
+
+_LMDB_MARKERS = ("data.mdb", "heraldps.lock")
+
+
+def _refuse_stores(root: Path) -> None:
+    """Refuse a save into any shard's data: a directory holding a Cached-PS LMDB folder
+    (any shard's, running or stopped, whatever its shard count), one inside such a folder,
+    or one inside a snapshot's shard directory."""
+    where = root.resolve()
+    for folder in (where, *where.parents):
+        if any((folder / marker).exists() for marker in _LMDB_MARKERS):
+            _refuse(root, f"{str(folder)!r} is a Cached-PS data folder")
+        if (folder / "meta.json").is_file() and not _not_a_snapshot_shard(folder):
+            _refuse(root, f"{str(folder)!r} is a shard directory of a snapshot")
+    if where.is_dir():
+        for entry in sorted(where.glob("shard-*-of-*")):
+            if entry.is_dir() and any((entry / m).exists() for m in _LMDB_MARKERS):
+                _refuse(root, f"it holds {entry.name!r}, a Cached-PS data folder")
+
+
+def _refuse(root: Path, why: str) -> None:
+    raise FailedPrecondition(
+        f"save to {str(root)!r}: {why}, and a snapshot written there would mix with (or "
+        "replace) another store's files; nothing was written. Save to an empty directory "
+        "or to a previous heraldps snapshot"
+    )
 
 
 def _refuse_kept_out(root: Path, final: Path, keep_out: Sequence[Path]) -> None:
@@ -159,11 +194,14 @@ def _write_files(
         "tables": [],
     }
     for spec, block in tables:
+        sums = {}
         for field in _ARRAYS:
-            np.save(tmp / f"{spec.name}.{field}.npy", getattr(block, field))
+            name = f"{spec.name}.{field}.npy"
+            sums[name] = check.save_npy(tmp / name, getattr(block, field))
         meta["tables"].append(  # type: ignore[attr-defined]
-            {"spec": json_format.MessageToDict(spec.to_proto()), "rows": len(block)}
-        )
+            {"spec": json_format.MessageToDict(spec.to_proto()), "rows": len(block),
+             "sha256": sums}
+        )  # fmt: skip
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     _fsync_dir(tmp)
 
@@ -196,31 +234,25 @@ def _fsync_dir(path: Path) -> None:
 def read_for_shard(
     root: Path, shard_index: int, num_shards: int
 ) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:
-    """Every row of the snapshot at ``root`` that belongs to ``shard_index`` of ``num_shards``."""
+    """Every row of the snapshot at ``root`` that belongs to ``shard_index`` of ``num_shards``.
+
+    Everything is checked first (``snapshot_check``); a damaged snapshot raises
+    InvalidArgument (FailedPrecondition when it is incomplete or mixed) and
+    nothing is returned.
+    """
     if not root.is_dir():
         raise InvalidArgument(
             f"snapshot {str(root)!r} is not a directory; pass the path given to Save"
         )
-    metas = []
-    for shard_dir in sorted(root.glob("shard-*-of-*")):
-        try:
-            meta = json.loads((shard_dir / "meta.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise InvalidArgument(
-                f"snapshot shard {str(shard_dir)!r} is unreadable: {exc}"
-            ) from None
-        if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-            raise InvalidArgument(
-                f"{str(shard_dir)!r} is not a {FORMAT} v{FORMAT_VERSION} directory"
-            )
-        metas.append((shard_dir, meta))
+    metas = [(d, _read_meta(d)) for d in sorted(root.glob("shard-*-of-*"))]
     if not metas:
         raise InvalidArgument(f"snapshot {str(root)!r} holds no shard-*-of-* directories")
     counts = {m["num_shards"] for _, m in metas}
     iterations = {m["committed_iteration"] for _, m in metas}
-    if len(counts) != 1 or len(metas) != next(iter(counts)):
+    indexes = sorted(m["shard_index"] for _, m in metas)
+    if len(counts) != 1 or indexes != list(range(next(iter(counts)))):
         raise FailedPrecondition(
-            f"snapshot {str(root)!r} is incomplete: {len(metas)} shard directories for "
+            f"snapshot {str(root)!r} is incomplete: shard directories {indexes} for "
             f"num_shards {sorted(counts)}; save again from every shard"
         )
     if len(iterations) != 1:
@@ -228,23 +260,29 @@ def read_for_shard(
             f"snapshot {str(root)!r} mixes committed iterations {sorted(iterations)}; "
             "save every shard between the same two commits"
         )
+    committed = next(iter(iterations))
 
     specs: dict[str, TableSpec] = {}
     parts: dict[str, list[RowBlock]] = {}
+    all_keys: dict[str, list[np.ndarray]] = {}
     for shard_dir, meta in metas:
+        names: set[str] = set()
         for entry in meta["tables"]:
-            spec = TableSpec.from_proto(json_format.ParseDict(entry["spec"], types_pb2.TableSpec()))
+            spec = _spec_of(entry, shard_dir)
+            if spec.name in names:
+                raise InvalidArgument(f"{shard_dir}/meta.json lists table {spec.name!r} twice")
+            names.add(spec.name)
             if specs.setdefault(spec.name, spec) != spec:
                 raise FailedPrecondition(f"snapshot has two different specs for {spec.name!r}")
-            arrays = {
-                field: np.load(shard_dir / f"{spec.name}.{field}.npy", allow_pickle=False)
-                for field in _ARRAYS
-            }
-            _check_shapes(spec, arrays, shard_dir)
+            arrays = _read_arrays(shard_dir, spec, entry, meta["format_version"])
+            check.check_arrays(spec, arrays, entry.get("rows"), committed, shard_dir)
+            all_keys.setdefault(spec.name, []).append(arrays["keys"])
             mine = shard_of(arrays["keys"], num_shards) == shard_index
             parts.setdefault(spec.name, []).append(
                 RowBlock(**{field: arrays[field][mine] for field in _ARRAYS})
             )
+    for name, keys in all_keys.items():
+        check.check_distinct_across(name, keys, root)
     tables = []
     for name in sorted(specs):
         blocks = parts[name]
@@ -252,22 +290,46 @@ def read_for_shard(
             **{field: np.concatenate([getattr(b, field) for b in blocks]) for field in _ARRAYS}
         )
         tables.append((specs[name], merged))
-    return next(iter(iterations)), tables
+    return committed, tables
 
 
-def _check_shapes(spec: TableSpec, arrays: dict[str, np.ndarray], where: Path) -> None:
-    n = arrays["keys"].shape[0]
-    expected = {
-        "keys": ((n,), np.int64),
-        "values": ((n, spec.dim), np.float32),
-        "state": ((n, spec.state_width), np.float32),
-        "versions": ((n,), np.int64),
-        "changed": ((n,), np.int64),
-    }
-    for field, (shape, dtype) in expected.items():
-        a = arrays[field]
-        if a.shape != shape or a.dtype != dtype:
-            raise InvalidArgument(
-                f"{where}/{spec.name}.{field}.npy has shape {a.shape} {a.dtype}, "
-                f"expected {shape} {np.dtype(dtype)}"
-            )
+def _read_meta(shard_dir: Path) -> dict[str, Any]:
+    """A shard directory's meta.json, checked, and its name matching what it says."""
+    try:
+        meta = json.loads((shard_dir / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"snapshot shard {str(shard_dir)!r} is unreadable: {exc}") from None
+    check.check_meta(meta, shard_dir, READABLE_VERSIONS, FORMAT)
+    named = shard_dir_name(meta["shard_index"], meta["num_shards"])
+    if shard_dir.name != named:
+        raise InvalidArgument(f"{shard_dir}/meta.json describes {named}; the folder was renamed")
+    return dict(meta)
+
+
+def _spec_of(entry: Any, shard_dir: Path) -> TableSpec:
+    """A table entry's spec, validated like a CreateTable request."""
+    try:
+        proto = json_format.ParseDict(entry["spec"], types_pb2.TableSpec())
+        return TableSpec.from_proto(proto)
+    except HeraldError as exc:
+        raise InvalidArgument(f"{shard_dir}/meta.json: {exc.message}") from None
+    except (KeyError, TypeError, json_format.ParseError) as exc:
+        raise InvalidArgument(
+            f"{shard_dir}/meta.json: a table entry is malformed ({exc})"
+        ) from None
+
+
+def _read_arrays(
+    shard_dir: Path, spec: TableSpec, entry: dict[str, Any], version: int
+) -> dict[str, np.ndarray]:
+    """A table's five arrays, each checked against its recorded checksum first (v2)."""
+    sums = entry.get("sha256", {}) if version >= 2 else None
+    if sums is not None and not isinstance(sums, dict):
+        raise InvalidArgument(f"{shard_dir}/meta.json: sha256 of {spec.name!r} is not a mapping")
+    arrays = {}
+    for field in _ARRAYS:
+        path = shard_dir / f"{spec.name}.{field}.npy"
+        if sums is not None:
+            check.check_checksum(path, sums.get(path.name))
+        arrays[field] = check.load_array(path)
+    return arrays

@@ -2,8 +2,9 @@
 
 Locking (documented in docs/ps.md, "Locking"):
 - ``_commit_lock`` serialises Commit, CreateTable, Save and Load. Commit
-  takes it, then each table's lock in turn (sorted by name), so a commit is
-  atomic per table and never interleaves with another commit.
+  takes it, then every table's lock (sorted by name), computes every table's
+  new rows, checks them (finite values and state), and only then stores them:
+  a commit is atomic over the whole shard.
 - Each table's own lock covers Pull, PushGradients, WriteBack and Export on
   that table. A push checks its iteration against the table's committed
   iteration *under the table lock*; the commit advances that number under
@@ -24,7 +25,7 @@ import numpy.typing as npt
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec
-from ps_server.checks import check_commit_order, check_same_spec
+from ps_server.checks import check_commit_order, check_initializer, check_same_spec
 from ps_server.memory import MemoryBudget
 from ps_server.shard_tables import ShardTables
 from ps_server.table import RowBlock, StagedTable
@@ -53,6 +54,7 @@ class StagedStore(ShardTables[StagedTable]):
             if existing is not None:
                 check_same_spec(existing.spec, spec)
                 return existing, False
+            check_initializer(spec)
             table = StagedTable(spec, self.budget, self.committed_iteration)
             self._tables[spec.name] = table
             return table, True
@@ -80,7 +82,19 @@ class StagedStore(ShardTables[StagedTable]):
         with self._commit_lock:
             if check_commit_order(iteration, self.committed_iteration):
                 return 0, True
-            updated = sum(table.commit_through(iteration) for table in self.tables())
+            tables = self.tables()
+            for table in tables:  # sorted by name: the lock order
+                table.lock.acquire()
+            try:
+                # Every table computed and checked before any changes: all or nothing.
+                prepared = [table.prepare_commit(iteration) for table in tables]
+                updated = sum(
+                    table.finish_commit(iteration, work)
+                    for table, work in zip(tables, prepared, strict=True)
+                )
+            finally:
+                for table in tables:
+                    table.lock.release()
             self.committed_iteration = iteration
             return updated, False
 
@@ -106,9 +120,13 @@ class StagedStore(ShardTables[StagedTable]):
             return self.committed_iteration, [(t.spec, t.snapshot()) for t in self.tables()]
 
     def replace_all(
-        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]]
+        self, committed_iteration: int, tables: list[tuple[TableSpec, RowBlock]], apply: bool = True
     ) -> int:
-        """Swap in the given tables (snapshot load); nothing changes if any fails to fit."""
+        """Swap in the given tables (snapshot load); nothing changes if any fails to fit.
+
+        ``apply=False`` builds them all the same (so the memory cap is checked) and
+        drops them: Load's ``validate_only``.
+        """
         with self._commit_lock:
             fresh_budget = MemoryBudget(self.budget.limit_bytes)
             built: dict[str, StagedTable] = {}
@@ -118,7 +136,8 @@ class StagedStore(ShardTables[StagedTable]):
                 table = StagedTable(spec, fresh_budget, committed_iteration)
                 table.load_rows(block)
                 built[spec.name] = table
-            self.budget = fresh_budget
-            self._tables = built
-            self.committed_iteration = committed_iteration
+            if apply:
+                self.budget = fresh_budget
+                self._tables = built
+                self.committed_iteration = committed_iteration
             return sum(t.rows for t in built.values())

@@ -15,7 +15,7 @@ Validation happens before any mutation; memory is charged to the shard's
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +24,13 @@ from heraldps import hostmem
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import KeyIndex, distinct
 from heraldps.spec import TableSpec, UpdateMode
-from ps_server.checks import check_push_iteration, check_versions_unchanged, check_write_back
+from ps_server.checks import (
+    COMMIT_HINT,
+    check_finite_rows,
+    check_push_iteration,
+    check_versions_unchanged,
+    check_write_back,
+)
 from ps_server.grad_buffer import GradBuffer
 from ps_server.kernels import gather_rows, scatter_add_rows
 from ps_server.memory import MemoryBudget
@@ -70,6 +76,44 @@ def paced_steps(
     same iterations of other workers, whose pushes reached an earlier commit."""
     room = np.maximum(iteration - changed, 1)
     return np.minimum(steps, room).astype(np.int32)
+
+
+@dataclass
+class WorkingRows:
+    """Copies of rows that a commit or an immediate push updates before it stores them:
+    computed whole, checked, and only then written into the table."""
+
+    slots: npt.NDArray[np.int64]  # each key's row in the table, -1: not created yet
+    keys: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float32]
+    state: npt.NDArray[np.float32]
+    versions: npt.NDArray[np.int64]
+    changed: npt.NDArray[np.int64]
+    its: list[int] = field(default_factory=list)  # the iterations a commit applies
+    updates: int = 0  # gradient rows a commit applies
+
+    def apply(
+        self,
+        spec: TableSpec,
+        at: npt.NDArray[np.int64] | None,
+        grads: npt.NDArray[np.float32],
+        it: int,
+        steps: npt.NDArray[np.int32] | None,
+    ) -> None:
+        """One iteration's summed gradients on rows ``at`` (distinct; None: every row, in
+        order, updated in place without a gather): optimizer, clock +1."""
+        if at is None:
+            with np.errstate(over="ignore", invalid="ignore"):  # checked before it is stored
+                spec.optimizer.apply_steps(self.values, self.state, grads, steps)
+            self.versions += 1
+            self.changed[:] = it
+            return
+        values, state = self.values[at], self.state[at]
+        with np.errstate(over="ignore", invalid="ignore"):
+            spec.optimizer.apply_steps(values, state, grads, steps)
+        self.values[at], self.state[at] = values, state
+        self.versions[at] += 1
+        self.changed[at] = it
 
 
 class StagedTable:
@@ -129,9 +173,10 @@ class StagedTable:
         return int(distinct(missing)[0].shape[0]) if missing.shape[0] else 0
 
     def _ensure_rows(
-        self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+        self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], fill: bool = True
     ) -> npt.NDArray[np.int64]:
-        """Create the rows of keys whose ``rows`` entry is -1 (memory already charged)."""
+        """Create the rows of keys whose ``rows`` entry is -1 (memory already charged);
+        ``fill=False`` leaves their values and state for the caller to write."""
         absent = rows < 0
         if not absent.any():
             return rows
@@ -150,8 +195,9 @@ class StagedTable:
         new_keys = np.empty(new - old, dtype=np.int64)
         new_keys[rows[absent] - old] = keys[absent]
         self._keys[old:new] = new_keys
-        self._values[old:new] = self.spec.initializer.generate(new_keys, self.dim)
-        self._state[old:new] = self.spec.optimizer.init_state(new - old, self.dim)
+        if fill:
+            self._values[old:new] = self.spec.initializer.generate(new_keys, self.dim)
+            self._state[old:new] = self.spec.optimizer.init_state(new - old, self.dim)
         self._versions[old:new] = 0
         self._changed[old:new] = NEVER_CHANGED
         return rows
@@ -205,8 +251,11 @@ class StagedTable:
         with self.lock:
             if self.spec.update_mode is UpdateMode.IMMEDIATE:
                 unique, summed, unique_steps = sum_duplicates(keys, grads, steps)
+                work = self._working_rows(unique)
+                work.apply(self.spec, None, summed, self.committed_iteration + 1, unique_steps)
+                check_finite_rows(self.name, "push", work.keys, work.values, work.state)
                 rows = self._lookup_or_create(unique, what)
-                self._apply(rows, summed, self.committed_iteration + 1, unique_steps)
+                self._store(rows, work)
                 return True
             check_push_iteration(self.name, iteration, self.committed_iteration)
             buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
@@ -221,36 +270,80 @@ class StagedTable:
             self._account(self._exact_bytes(), what)
             return False
 
-    def commit_through(self, iteration: int) -> int:
-        """Apply every buffer of an iteration <= ``iteration`` in order; return rows updated."""
-        with self.lock:
-            updated = 0
-            for it in sorted(i for i in self._buffers if i <= iteration):
-                keys, grads, steps = self._buffers.pop(it).contents()
-                rows = self._ensure_rows(keys, self._index.lookup(keys))
-                self._apply(rows, grads, it, paced_steps(steps, it, self._changed[rows]))
-                updated += rows.shape[0]
-            self.committed_iteration = max(self.committed_iteration, iteration)
-            if not self._buffers:
-                self._pending_row_reserve = 0
-            # Shrinking the charge cannot fail: rows were reserved when pushed.
-            self._account(self._exact_bytes(), "commit")
-            return updated
+    def prepare_commit(self, iteration: int) -> WorkingRows | None:
+        """Every buffer of an iteration <= ``iteration`` applied, in order, to copies of
+        the rows; InvalidArgument if a value or state would not be finite. Nothing
+        changes until :meth:`finish_commit`. Caller holds ``self.lock``."""
+        its = sorted(i for i in self._buffers if i <= iteration)
+        if not its:
+            return None
+        contents = [self._buffers[it].contents() for it in its]
+        if len(its) == 1:  # the usual case: one buffer, its keys already distinct
+            union = contents[0][0]
+            work = self._working_rows(union)
+            _, grads, steps = contents[0]
+            work.apply(self.spec, None, grads, its[0], paced_steps(steps, its[0], work.changed))
+            start = union.shape[0]
+        else:
+            union, inverse = distinct(np.concatenate([k for k, _, _ in contents]))
+            work = self._working_rows(union)
+            start = 0
+            for it, (keys, grads, steps) in zip(its, contents, strict=True):
+                at = inverse[start : start + keys.shape[0]]
+                work.apply(self.spec, at, grads, it, paced_steps(steps, it, work.changed[at]))
+                start += keys.shape[0]
+        work.its, work.updates = its, start
+        what = f"commit of iteration {its[-1]}"
+        check_finite_rows(self.name, what, union, work.values, work.state, COMMIT_HINT)
+        return work
 
-    def _apply(
-        self,
-        rows: npt.NDArray[np.int64],
-        grads: npt.NDArray[np.float32],
-        it: int,
-        steps: npt.NDArray[np.int32] | None,
-    ) -> None:
-        values = gather_rows(self._values, rows)
-        state = gather_rows(self._state, rows)
-        self.spec.optimizer.apply_steps(values, state, grads, steps)
-        self._values[rows] = values
-        self._state[rows] = state
-        self._versions[rows] += 1
-        self._changed[rows] = it
+    def finish_commit(self, iteration: int, work: WorkingRows | None) -> int:
+        """Store what :meth:`prepare_commit` computed and drop the applied buffers; return
+        the rows updated. Caller holds ``self.lock``."""
+        updated = 0
+        if work is not None:
+            self._store(self._ensure_rows(work.keys, work.slots, fill=False), work)
+            for it in work.its:
+                del self._buffers[it]
+            updated = work.updates
+        self.committed_iteration = max(self.committed_iteration, iteration)
+        if not self._buffers:
+            self._pending_row_reserve = 0
+        # Shrinking the charge cannot fail: rows were reserved when pushed.
+        self._account(self._exact_bytes(), "commit")
+        return updated
+
+    def _working_rows(self, keys: npt.NDArray[np.int64]) -> WorkingRows:
+        """Copies of the rows of distinct ``keys``; absent ones as they would be created."""
+        rows = self._index.lookup(keys)
+        known = rows >= 0
+        n = keys.shape[0]
+        work = WorkingRows(
+            rows,
+            keys,
+            np.empty((n, self.dim), np.float32),
+            np.empty((n, self.state_width), np.float32),
+            np.zeros(n, np.int64),
+            np.full(n, NEVER_CHANGED, np.int64),
+        )
+        if known.all():
+            work.values = gather_rows(self._values, rows)
+            work.state = gather_rows(self._state, rows)
+        else:
+            old, new = np.flatnonzero(known), np.flatnonzero(~known)
+            work.values[old] = gather_rows(self._values, rows[old])
+            work.state[old] = gather_rows(self._state, rows[old])
+            work.values[new] = self.spec.initializer.generate(keys[new], self.dim)
+            work.state[new] = self.spec.optimizer.init_state(new.shape[0], self.dim)
+        work.versions[known] = self._versions[rows[known]]
+        work.changed[known] = self._changed[rows[known]]
+        return work
+
+    def _store(self, rows: npt.NDArray[np.int64], work: WorkingRows) -> None:
+        self._values[rows] = work.values
+        self._state[rows] = work.state
+        self._versions[rows] = work.versions
+        self._changed[rows] = work.changed
 
     def write_back(
         self,
@@ -301,7 +394,7 @@ class StagedTable:
                 raise InvalidArgument(f"table {self.name!r} is not empty")
             n = len(block)
             self._account(self._bytes_with_new_rows(n), f"loading {n} rows into {self.name!r}")
-            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64))
+            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64), fill=False)
             self._values[rows] = block.values
             self._state[rows] = block.state
             self._versions[rows] = block.versions

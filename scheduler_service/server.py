@@ -6,6 +6,7 @@ import logging
 import threading
 from dataclasses import asdict, dataclass, field
 
+from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.modes import PIPELINED_MODE
 from heraldps.security import ClientSecurity, ServerSecurity
@@ -54,6 +55,9 @@ class SchedulerConfig:
     security: ServerSecurity = field(default_factory=ServerSecurity)
     # What the scheduler presents to the PS shards; it commits, so it needs the admin token.
     ps_security: ClientSecurity = field(default_factory=ClientSecurity)
+    max_concurrent_rpcs: int = 0  # 0: 4 x threads (heraldps.admission)
+    max_streams: int = 0  # 0: workers + 16 (each worker holds one plan stream)
+    stream_stall_seconds: float = 60.0
     # A worker that has not reported the iteration in progress this many seconds after
     # it could start (or after the worker last spoke) aborts the run; 0: never.
     worker_timeout: float = 60.0
@@ -77,11 +81,21 @@ class SchedulerConfig:
             )
         if (self.checkpoints.every or self.checkpoints.resume_from) and not self.ps:
             raise ValueError("--checkpoint-every and --resume-from need --ps (the shards)")
+        if self.limits.max_streams < self.workers:
+            raise ValueError(
+                f"--max-streams {self.max_streams} is too few for {self.workers} workers' "
+                f"plan streams; use at least {self.workers} (0: workers + 16)"
+            )
         if self.pipelined and self.max_backlog < 2:
             raise ValueError(
                 f"--mode {PIPELINED_MODE} releases plan t+1 while t trains, which needs "
                 f"--max-backlog 2 or more, got {self.max_backlog}"
             )
+
+    @property
+    def limits(self) -> Limits:
+        streams = self.max_streams or self.workers + 16
+        return Limits(self.threads, self.max_concurrent_rpcs, streams, self.stream_stall_seconds)
 
     @property
     def pipelined(self) -> bool:
@@ -140,6 +154,7 @@ class SchedulerServer(GrpcProcess):
             grace_seconds=config.grace_seconds,
             security=config.security,
             admin_methods=ADMIN_METHODS,
+            limits=config.limits,
         )
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
 

@@ -91,9 +91,12 @@ class PlanStep(Step):
         rows = None
         if written.shape[0]:
             rows = cache.rows_for_write_back(written)
+            # No version pre-read (check_first): the scheduler's mirror rules conflicts out,
+            # and each shard still refuses a row whose version moved, failing the run.
             sends.add(self.ps.write_back_async(EMBEDDING_TABLE, rows.keys, rows.values,
                                                rows.state, rows.base_versions,
-                                               rows.new_versions))  # fmt: skip
+                                               rows.new_versions,
+                                               check_first=False))  # fmt: skip
         blocked = time.perf_counter()
         sends.wait()
         # Blocked on all sends at once: ``push``, less the all-reduce's wait for its peers.

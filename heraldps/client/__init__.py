@@ -8,7 +8,9 @@ keyset files and prefetches them, ``snapshots`` saves, loads and exports.
 
 Idempotent calls (pull, create/describe/list, commit, save, load, export) are
 retried with exponential backoff on ``UNAVAILABLE``; pushes and write-backs are
-not (a retry could apply a gradient twice). Every failed RPC raises a typed
+not (a retry could apply a gradient twice). Every call, pushes included, is
+retried when a shard answers RESOURCE_EXHAUSTED with reason ``OVERLOADED``: the
+shard was at its concurrency limit and never started it. Every failed RPC raises a typed
 ``heraldps.errors.HeraldError`` naming the shard, never a raw ``grpc.RpcError``.
 """
 

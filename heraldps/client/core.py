@@ -6,7 +6,13 @@ message limit into several requests, and reassembles results in the caller's
 key order. NumPy in, NumPy out; no loop over keys in Python. Every call is a
 future of gRPC futures (``rpc``); the blocking methods wait on it.
 
-A request that spans several shards is atomic per shard, not across shards.
+Every call waits for every shard's answer before it reports, even when one
+shard failed early. What is all-or-nothing across shards: a request the
+client can check whole (``checks``: shapes, finiteness, steps, versions,
+iterations) is refused before any part is sent; a write-back spanning shards
+first reads every shard's versions and sends nothing on a conflict; table
+creation and Load check every shard first (``tables``, ``snapshots``). What
+stays per shard is listed in docs/clients.md ("All or nothing").
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps import wire
-from heraldps.client import rpc
+from heraldps.client import checks, rpc
 from heraldps.client.routing import Index, as_counts, as_keys, as_rows, count, plan_requests
+from heraldps.errors import VersionConflict
 from heraldps.security import PLAIN, ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import ps_pb2, ps_pb2_grpc
@@ -187,7 +194,9 @@ class ShardClient:
 
     def versions(self, table: str, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Clocks ``int64 [n]`` of ``keys`` in order, without their rows (0: never seen)."""
-        keys = as_keys(keys)
+        return rpc.wait(self._versions(table, as_keys(keys)))
+
+    def _versions(self, table: str, keys: npt.NDArray[np.int64]) -> Future[npt.NDArray[np.int64]]:
         requests = self._requests(keys, 16)
         calls = [
             self._unary(shard, "GetVersions", ps_pb2.GetVersionsRequest(
@@ -201,7 +210,7 @@ class ShardClient:
                 out[index] = wire.decode_keys(answer.versions, "versions")
             return out
 
-        return rpc.wait(rpc.gather(calls, assemble))
+        return rpc.gather(calls, assemble)
 
     # ----- push / commit / write-back ----------------------------------------
     def push_gradients(
@@ -235,6 +244,10 @@ class ShardClient:
         dim, _ = self._widths_of(table)
         grads = as_rows(grads, keys.shape[0], dim, "grads")
         counts = None if steps is None else as_counts(steps, keys.shape[0], "steps")
+        checks.finite_rows(grads, "push: grads")
+        checks.iteration("push", iteration)
+        if counts is not None:
+            checks.steps(counts)
 
         def request(index: Index) -> ps_pb2.PushGradientsRequest:
             return ps_pb2.PushGradientsRequest(
@@ -273,10 +286,13 @@ class ShardClient:
         state: npt.ArrayLike | None,
         base_versions: npt.ArrayLike,
         new_versions: npt.ArrayLike,
+        *,
+        check_first: bool = True,
     ) -> None:
         """Store rows a worker updated where each stored version equals its base (else
-        ``VersionConflict``)."""
-        rpc.wait(self.write_back_async(table, keys, values, state, base_versions, new_versions))
+        ``VersionConflict``). ``check_first``: see ``write_back_async``."""
+        rpc.wait(self.write_back_async(table, keys, values, state, base_versions, new_versions,
+                                       check_first=check_first))  # fmt: skip
 
     @rpc.reports_errors
     def write_back_async(
@@ -287,8 +303,18 @@ class ShardClient:
         state: npt.ArrayLike | None,
         base_versions: npt.ArrayLike,
         new_versions: npt.ArrayLike,
+        *,
+        check_first: bool = True,
     ) -> Future[None]:
-        """``write_back`` without waiting; the future resolves to None or the error."""
+        """``write_back`` without waiting; the future resolves to None or the error.
+
+        Spanning several requests, it first reads the stored versions of every key
+        (one GetVersions per shard) and sends nothing if any differs from its base
+        (``VersionConflict``); the shards check again as they write. That read costs
+        a round trip; ``check_first=False`` skips it where a conflict cannot happen
+        (a Herald plan's write-backs), leaving each shard's own check: a conflict then
+        leaves the other shards' parts written.
+        """
         keys = as_keys(keys)
         n = keys.shape[0]
         dim, state_width = self._widths_of(table)
@@ -298,15 +324,47 @@ class ShardClient:
         )
         base = as_keys(base_versions)
         new = as_keys(new_versions)
-        calls = [
-            self._unary(shard, "WriteBack", ps_pb2.WriteBackRequest(
+        checks.write_back(keys, base, new)
+        checks.finite_rows(values, "write_back: values")
+        checks.finite_rows(state, "write_back: state")
+        requests = [
+            (shard, ps_pb2.WriteBackRequest(
                 table=table, keys=wire.encode_keys(keys[index]),
                 values=wire.encode_floats(values[index]), state=wire.encode_floats(state[index]),
                 base_versions=wire.encode_keys(base[index]),
-                new_versions=wire.encode_keys(new[index])), idempotent=False)
+                new_versions=wire.encode_keys(new[index])))
             for shard, index in self._requests(keys, 24 + 4 * (dim + state_width))
         ]  # fmt: skip
-        return rpc.gather(calls, _nothing)
+
+        def send(_: object = None) -> Future[None]:
+            calls = [self._unary(s, "WriteBack", r, idempotent=False) for s, r in requests]
+            return rpc.gather(calls, _nothing)
+
+        if len(requests) <= 1 or not check_first:  # one request is all-or-nothing alone
+            return send()
+
+        def check_then_send(stored: npt.NDArray[np.int64]) -> Future[None]:
+            _unchanged(table, keys, stored, base)
+            return send()
+
+        return rpc.chain(self._versions(table, keys), check_then_send)
+
+
+def _unchanged(
+    table: str,
+    keys: npt.NDArray[np.int64],
+    stored: npt.NDArray[np.int64],
+    base: npt.NDArray[np.int64],
+) -> None:
+    """A write-back's base versions still match every stored version (else nothing is sent)."""
+    moved = stored != base
+    if moved.any():
+        i = int(np.flatnonzero(moved)[0])
+        raise VersionConflict(
+            f"write_back to {table!r} not sent: {int(moved.sum())} of {keys.shape[0]} rows "
+            f"changed since they were read (key {keys[i]}: stored version {stored[i]}, "
+            f"base_version {base[i]}); pull them again and retry"
+        )
 
 
 def _nothing(_: list[Any]) -> None:

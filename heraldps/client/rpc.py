@@ -9,9 +9,13 @@ retry's backoff runs on a timer thread. Callbacks (ours, and those added to
 the futures we return) run on gRPC's thread of the channel, so blocking there
 on another call would stall it for good: ``wait`` refuses that with an error.
 
-Retry rule: an idempotent call is retried with exponential backoff and jitter
-on ``UNAVAILABLE``, at most ``retries`` times; any other call never (a retried
-push could apply a gradient twice).
+Retry rules, with exponential backoff and jitter: an idempotent call is retried
+on ``UNAVAILABLE``, at most ``retries`` times; any other call never on
+``UNAVAILABLE`` (a retried push could apply a gradient twice). Any call, a push
+included, is retried on a RESOURCE_EXHAUSTED that says the server never started
+it (``not_started``: reason ``OVERLOADED``, or grpcio's own concurrency limit),
+at most ``overload_retries`` times. A RESOURCE_EXHAUSTED from the handler itself
+(memory budget, message size) is never retried: the same request would fail again.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
-from heraldps.errors import Cancelled, HeraldError, Unavailable, error_from_rpc
+from heraldps.errors import (
+    Cancelled,
+    HeraldError,
+    Overloaded,
+    ResourceExhausted,
+    Unavailable,
+    error_from_rpc,
+)
 
 _callback = threading.local()  # .active: this thread is running a gRPC callback of ours
 
@@ -44,18 +55,41 @@ def _running() -> Future[Any]:
     return out
 
 
+# What grpcio's server answers when ``maximum_concurrent_rpcs`` is reached: sent
+# before any handler runs (grpc/_server.py, _handle_call).
+GRPC_CONCURRENCY_LIMIT = "Concurrent RPC limit exceeded!"
+
+
+def not_started(error: HeraldError) -> bool:
+    """True for a RESOURCE_EXHAUSTED the server sent before running the call's handler:
+    safe to send again, even a push."""
+    if isinstance(error, Overloaded):
+        return True
+    return (
+        isinstance(error, ResourceExhausted)
+        and not error.reason
+        and error.message == GRPC_CONCURRENCY_LIMIT
+    )
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how long to retry an idempotent call on ``UNAVAILABLE``."""
+    """How often and how long to retry (module docstring: the rules)."""
 
     retries: int = 5
     backoff_seconds: float = 0.05
+    overload_retries: int = 12
+    max_backoff_seconds: float = 1.0
 
     def delay(self, error: HeraldError, attempt: int, idempotent: bool) -> float | None:
         """Seconds to wait before retry ``attempt + 1``; None: give up with ``error``."""
-        if not idempotent or not isinstance(error, Unavailable) or attempt >= self.retries:
+        if not_started(error):
+            if attempt >= self.overload_retries:
+                return None
+        elif not idempotent or not isinstance(error, Unavailable) or attempt >= self.retries:
             return None
-        return self.backoff_seconds * (2.0**attempt) * (0.5 + random.random())
+        pause = min(self.max_backoff_seconds, self.backoff_seconds * 2.0**attempt)
+        return pause * (0.5 + random.random())
 
 
 def gather(
@@ -154,6 +188,43 @@ class _Gathering:
             self.out.set_result(self.combine(results))
         except BaseException as exc:
             self.out.set_exception(exc)
+
+
+def chain(first: Future[Part], then: Callable[[Part], Future[Result]]) -> Future[Result]:
+    """One future for two steps: ``then(first's result)`` starts the second once the
+    first succeeded; the first failure (or what ``then`` raises) fails the whole.
+    ``then`` runs on a callback thread: it may start calls, never wait on one."""
+    out: Future[Result] = _running()
+
+    def second_done(done: Future[Result]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.result())
+
+    def first_done(done: Future[Part]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        try:
+            second = then(done.result())
+        except BaseException as exc:
+            out.set_exception(exc)
+            return
+        second.add_done_callback(second_done)
+
+    first.add_done_callback(first_done)
+    return out
+
+
+def settled(future: Future[Result]) -> tuple[Result | None, BaseException | None]:
+    """(result, None) or (None, error) once ``future`` is done (see ``wait``)."""
+    try:
+        return wait(future), None
+    except Exception as exc:
+        return None, exc
 
 
 def wait(future: Future[Result]) -> Result:

@@ -11,6 +11,7 @@ import numpy.typing as npt
 from heraldps import wire
 from heraldps.client import rpc
 from heraldps.client.core import ShardClient
+from heraldps.errors import InvalidArgument
 from heraldps.v1 import ps_pb2
 
 
@@ -33,7 +34,18 @@ class Snapshots(ShardClient):
         return sum(r.rows for r in self._all_shards("Save", ps_pb2.SaveRequest(path=str(path))))
 
     def load(self, path: str) -> int:
-        """Replace every shard's tables with a snapshot saved from any number of shards."""
+        """Replace every shard's tables with a snapshot saved from any number of shards.
+
+        Two rounds: every shard first checks the snapshot and that its part fits
+        (``validate_only``), and only when all of them accept does any shard load.
+        Both rounds wait for every shard's answer. What stays per shard: a shard
+        that fails between the rounds (it dies, its disk fills) leaves the others
+        loaded and itself as it was; ``load`` raises, and loading again repairs it.
+        """
+        if not str(path):
+            raise InvalidArgument("load: path is empty; pass the directory given to Save")
+        check = ps_pb2.LoadRequest(path=str(path), validate_only=True)
+        self._all_shards("Load", check)
         self._widths.clear()
         return sum(r.rows for r in self._all_shards("Load", ps_pb2.LoadRequest(path=str(path))))
 

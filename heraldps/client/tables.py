@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from heraldps.client import rpc
 from heraldps.client.core import ShardClient
+from heraldps.errors import TableExists
 from heraldps.init import Initializer, Zeros
 from heraldps.optim import Optimizer
 from heraldps.spec import TableSpec, UpdateMode
@@ -34,13 +36,47 @@ class TableAdmin(ShardClient):
         update_mode: str | UpdateMode = UpdateMode.SYNCHRONOUS,
     ) -> bool:
         """Create ``name`` on every shard; True if any shard created it (False: it existed
-        with this spec; ``TableExists`` if with another)."""
+        with this spec; ``TableExists`` if with another).
+
+        Every shard's tables are read first: a different spec for ``name`` on any
+        shard raises ``TableExists`` before any shard creates anything. A shard that
+        fails after that (it died, the memory cap) raises its error once every
+        shard has answered, with a note naming the shards that created the table;
+        calling again with the same spec completes it (an equal spec is a no-op).
+        """
         if isinstance(update_mode, str):
             update_mode = UpdateMode[update_mode.upper()]
         spec = TableSpec(name, dim, initializer or Zeros(), optimizer, update_mode)
-        responses = self._all_shards("CreateTable", ps_pb2.CreateTableRequest(spec=spec.to_proto()))
+        self._refuse_conflicts(spec.canonical())
+        request = ps_pb2.CreateTableRequest(spec=spec.to_proto())
+        calls = [self._unary(s, "CreateTable", request, True) for s in range(self.num_shards)]
+        outcomes = [rpc.settled(call) for call in calls]
+        errors = [e for _, e in outcomes if e is not None]
+        if errors:
+            created = [a for a, (r, _) in zip(self.addresses, outcomes, strict=True)
+                       if r is not None and r.created]  # fmt: skip
+            errors[0].add_note(
+                f"create_table {name!r}: created on {created or 'no shard'}; the other shards "
+                "failed. Fix the cause and call create_table again with the same spec"
+            )
+            raise errors[0]
         self._widths[name] = (dim, spec.state_width)
-        return any(r.created for r in responses)
+        return any(r is not None and r.created for r, _ in outcomes)
+
+    def _refuse_conflicts(self, spec: TableSpec) -> None:
+        """``TableExists`` if any shard holds ``spec.name`` with another spec."""
+        for address, response in zip(
+            self.addresses, self._all_shards("ListTables", ps_pb2.ListTablesRequest()), strict=True
+        ):
+            for info in response.tables:
+                if info.spec.name == spec.name and TableSpec.from_proto(info.spec) != spec:
+                    raise TableExists(
+                        f"table {spec.name!r} already exists on this shard with a "
+                        f"different spec (existing: {TableSpec.from_proto(info.spec)}, "
+                        f"requested: {spec}); nothing was created on any shard. Pick another "
+                        "name or send the existing spec",
+                        address=address,
+                    )
 
     def describe_table(self, name: str) -> TableStats:
         infos = self._all_shards("DescribeTable", ps_pb2.DescribeTableRequest(table=name))

@@ -14,12 +14,14 @@ versions little-endian int64, values and state little-endian float32,
 row-major.
 
 Errors (google.rpc codes):
-  INVALID_ARGUMENT    malformed request: bad sizes, NaN/Inf, bad spec.
+  INVALID_ARGUMENT    malformed request: bad sizes, NaN/Inf, bad spec, a
+                      version or iteration above 2^62, a commit that would
+                      store NaN/Inf, a damaged snapshot.
   NOT_FOUND           unknown table.
   ALREADY_EXISTS      CreateTable with a different spec for an existing name.
   FAILED_PRECONDITION iteration older than the last committed one.
   ABORTED             WriteBack whose base_versions do not match.
-  RESOURCE_EXHAUSTED  message over the size limit, or memory cap reached.
+  RESOURCE_EXHAUSTED  message over the size limit, memory cap reached, disk full.
   UNAVAILABLE         the shard is shutting down.
 A rejected request leaves every stored row exactly as it was.
 """
@@ -535,16 +537,25 @@ class LoadRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PATH_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
     path: _builtins.str
-    """A snapshot directory written by Save from any number of shards."""
+    """A snapshot directory written by Save from any number of shards. Empty is
+    INVALID_ARGUMENT.
+    """
+    validate_only: _builtins.bool
+    """Check the snapshot (checksums, every field and row) and that this shard's
+    part fits (memory cap, disk), answer as a real Load would, and change
+    nothing. PSClient.load asks every shard this first, then loads.
+    """
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
+        validate_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

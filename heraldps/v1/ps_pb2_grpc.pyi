@@ -14,12 +14,14 @@ versions little-endian int64, values and state little-endian float32,
 row-major.
 
 Errors (google.rpc codes):
-  INVALID_ARGUMENT    malformed request: bad sizes, NaN/Inf, bad spec.
+  INVALID_ARGUMENT    malformed request: bad sizes, NaN/Inf, bad spec, a
+                      version or iteration above 2^62, a commit that would
+                      store NaN/Inf, a damaged snapshot.
   NOT_FOUND           unknown table.
   ALREADY_EXISTS      CreateTable with a different spec for an existing name.
   FAILED_PRECONDITION iteration older than the last committed one.
   ABORTED             WriteBack whose base_versions do not match.
-  RESOURCE_EXHAUSTED  message over the size limit, or memory cap reached.
+  RESOURCE_EXHAUSTED  message over the size limit, memory cap reached, disk full.
   UNAVAILABLE         the shard is shutting down.
 A rejected request leaves every stored row exactly as it was.
 """

@@ -155,3 +155,24 @@ def add_server_arguments(p: argparse.ArgumentParser, port: int, threads: int) ->
     p.add_argument(
         "--port-file", default=None, help="write '<port> <metrics port>' here once serving"
     )
+
+
+def add_admission_arguments(p: argparse.ArgumentParser, streams: int, streams_help: str) -> None:
+    """How much a server role takes on at once (``heraldps.admission``)."""
+    p.add_argument(
+        "--max-concurrent-rpcs",
+        type=at_least(0),
+        default=0,
+        help="unary calls admitted at once, running (--threads) or waiting for a thread; "
+        "one more is answered RESOURCE_EXHAUSTED (reason OVERLOADED) at once and PSClient "
+        "retries it after a backoff; 0: 4 x --threads",
+    )
+    p.add_argument("--max-streams", type=at_least(0 if streams == 0 else 1), default=streams,
+                   help=streams_help)  # fmt: skip
+    p.add_argument(
+        "--stream-stall-seconds",
+        type=positive,
+        default=60.0,
+        help="a stream whose client takes no message for this long is cancelled, freeing "
+        "its thread",
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.cli.command import Command, add_server_arguments
+from launcher.cli.command import Command, add_admission_arguments, add_server_arguments
 from launcher.cli.security_flags import (
     add_server_security_arguments,
     add_tls_arguments,
@@ -14,6 +14,10 @@ from launcher.cli.security_flags import (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_server_arguments(p, port=7001, threads=16)
+    add_admission_arguments(
+        p, streams=16, streams_help="ExportIncremental (and other) streams open at once; "
+        "one more is answered RESOURCE_EXHAUSTED (reason OVERLOADED)",
+    )  # fmt: skip
     p.add_argument("--shard-index", type=int, default=0, help="this shard's index, 0..S-1")
     p.add_argument("--num-shards", type=int, default=1, help="number of shards S in the cluster")
     p.add_argument(
@@ -84,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         target_hit_rate=args.target_hit_rate, max_num_evict=args.max_num_evict,
         durability=args.durability, max_disk_gb=args.max_disk_gb, restore=args.restore,
         snapshot_root=args.snapshot_root, security=server_security(args),
+        max_concurrent_rpcs=args.max_concurrent_rpcs, max_streams=args.max_streams,
+        stream_stall_seconds=args.stream_stall_seconds,
     )  # fmt: skip
     return serve(config)
 

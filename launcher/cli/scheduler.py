@@ -7,6 +7,7 @@ import argparse
 from heraldps.modes import MAX_WORKERS
 from launcher.cli.command import (
     Command,
+    add_admission_arguments,
     add_server_arguments,
     addresses,
     at_least,
@@ -36,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", default="emb", help="embedding table the plans refer to")
     p.add_argument("--ps", default="", help="comma-separated PS shard addresses, in shard order")
     add_server_arguments(p, port=7100, threads=32)
+    add_admission_arguments(
+        p, streams=0, streams_help="plan (and other) streams open at once, at least "
+        "--workers; one more is answered RESOURCE_EXHAUSTED (reason OVERLOADED); 0: workers + 16",
+    )  # fmt: skip
     p.add_argument(
         "--max-backlog",
         type=int,
@@ -120,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         shadow_naive=not args.no_shadow_naive, compress_plans=args.compress_plans,
         checkpoints=checkpoints,
         security=server_security(args), ps_security=client_security(args),
+        max_concurrent_rpcs=args.max_concurrent_rpcs, max_streams=args.max_streams,
+        stream_stall_seconds=args.stream_stall_seconds,
         worker_timeout=args.worker_timeout,
     )  # fmt: skip
     return serve(config)

@@ -346,3 +346,36 @@ def test_save_over_an_older_snapshot_replaces_it(cluster: ClusterFactory, tmp_pa
     assert staged.shard_committed_iterations() == [1, 1, 1]
     for x, y in zip(all_rows(ps, "emb"), all_rows(staged, "emb"), strict=True):
         assert np.array_equal(x, y)
+
+
+def test_no_save_writes_into_another_stores_data_or_inside_a_snapshot(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    """Issue #14: beyond its own --data-dir, a save stays out of any Cached-PS data folder
+    (another shard's, stopped, of another shard count) and out of a snapshot's shard folders."""
+    stopped = tmp_path / "stopped"
+    servers, two = cluster(2, store="cached", data_dir=str(stopped), cache_gb=0.001)
+    two.create_table("emb", dim=4, optimizer=AdaGrad(lr=0.1))
+    two.push_gradients("emb", np.arange(200), np.ones((200, 4), np.float32), 0)
+    two.commit(0)
+    snap = tmp_path / "snap"
+    assert two.save(str(snap)) == 200
+    for server in servers:
+        server.stop(grace=0)
+    _, one = cluster(1)  # a Staged-PS shard: no --data-dir of its own to keep out
+    one.create_table("emb", dim=4, optimizer=AdaGrad(lr=0.1))
+    (tmp_path / "a-file").write_text("not a folder")
+    before = files_under(tmp_path)
+    for target, why in (
+        (stopped, "holds 'shard-00000-of-00002', a Cached-PS data folder"),
+        (stopped / "shard-00001-of-00002" / "inside", "is a Cached-PS data folder"),
+        (snap / "shard-00000-of-00002", "is a shard directory of a snapshot"),
+        (snap / "shard-00001-of-00002" / "deeper", "is a shard directory of a snapshot"),
+        (tmp_path / "a-file", "a-file"),
+    ):
+        assert why in refused_save(one, target), target
+    assert files_under(tmp_path) == before
+    _, again = cluster(2, store="cached", data_dir=str(tmp_path / "fresh"), cache_gb=0.001)
+    assert again.load(str(snap)) == 200
+    _, back = cluster(2, store="cached", data_dir=str(stopped), cache_gb=0.001)
+    assert back.shard_committed_iterations() == [0, 0] and back.list_tables()["emb"].rows == 200

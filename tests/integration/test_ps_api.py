@@ -421,12 +421,12 @@ def test_graceful_stop_reports_not_serving_and_finishes_in_flight(cluster: Clust
     def big_pull() -> None:
         result["values"] = ps.pull("emb", np.arange(400_000))[0]
 
+    parts = len(ps._requests(np.arange(400_000), 8 + 4 * 64))
     puller = threading.Thread(target=big_pull)
     puller.start()
     deadline = time.monotonic() + 10
-    empty_bytes = server.store.budget.used_bytes
-    # The pull charges its memory before it creates rows: from then on it is in flight.
-    while server.store.budget.used_bytes == empty_bytes:
+    # Once the server has admitted every part of the pull, it is in flight.
+    while server.admission.unary_in_flight < parts:
         assert time.monotonic() < deadline
         time.sleep(0.001)
     stopper = threading.Thread(target=server.stop, kwargs={"grace": 10})
