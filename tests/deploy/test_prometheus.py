@@ -215,11 +215,16 @@ def test_every_dashboard_and_rule_query_returns_series(
 
     # Training starts once Prometheus scrapes every process and both workers registered,
     # and is spread over several scrapes, so rates see it happen.
+    # The scheduler's report counters start at 0 when a worker registers; the first scrape
+    # must see them at 0, or rate() misses the first reports (the ratios below would be off
+    # by an iteration on a busy machine, where registration and iteration 0 fall between
+    # two scrapes).
     prometheus.wait_for(
         "every target up and both workers registered",
         lambda: (
             prometheus.value('sum(up{job=~"heraldps-.*"})') == len(processes)
             and len(prometheus.query("heraldps_worker_cache_capacity_rows")) == 2
+            and len(prometheus.query('heraldps_scheduler_reported_rows_total{kind="pull"}')) == 2
         ),
         DEADLINE_SECONDS,
     )
