@@ -254,6 +254,14 @@ class Barrier:
         if self._since is None and self.committed + 1 in self._plans:
             self._since = time.monotonic()
 
+    def committed_on_ps(self) -> None:
+        """The PS has committed the iteration in progress: stop the commit's liveness clock.
+        What the commit callback does next (a checkpoint's snapshot) is not judged by
+        ``--worker-timeout``; it has its own deadline and failing it costs only the
+        checkpoint."""
+        with self._lock:
+            self._committing_since = None
+
     def check_running(self) -> None:
         """Raise :class:`RunAborted` if the run was aborted."""
         if self.failure is not None:  # a fresh exception each time: tracebacks never pile up

@@ -170,6 +170,7 @@ class SchedulerServer(GrpcProcess):
         """Every worker reported ``iteration``: commit it on every PS shard."""
         if self.ps is not None:
             self.ps.commit(iteration)
+        self.barrier.committed_on_ps()  # the snapshot below is not a frozen shard
         log.info("committed iteration %d", iteration)
         if self.checkpointer is not None:  # before the next plans flow: nothing newer on the PS
             self.checkpointer.after_commit(iteration, self.barrier.samples_through(iteration))

@@ -90,3 +90,27 @@ def test_a_stuck_commit_is_overdue_and_a_failed_one_aborts_every_later_call() ->
         with pytest.raises(RunAborted, match="committing iteration 0 on the PS failed"):
             call()
     assert barrier.overdue(2.0, time.monotonic() + 100) is None  # aborted once, not again
+
+
+def test_a_slow_checkpoint_after_the_commit_is_not_a_frozen_shard() -> None:
+    """The commit callback commits on the PS, then (at a checkpoint) snapshots; only the
+    commit is judged by the timeout: a snapshot slower than it aborts nothing."""
+    holder: list[Barrier] = []
+    release, snapshotting = threading.Event(), threading.Event()
+
+    def commit_then_snapshot(t: int) -> None:
+        holder[0].committed_on_ps()  # as SchedulerServer._commit does after ps.commit
+        snapshotting.set()
+        release.wait(10)
+
+    barrier = started(commit_then_snapshot)
+    holder.append(barrier)
+    for w in range(WORKERS - 1):
+        barrier.report_done(w, 0)
+    last = threading.Thread(target=barrier.report_done, args=(WORKERS - 1, 0))
+    last.start()
+    assert snapshotting.wait(10)
+    assert barrier.overdue(2.0, time.monotonic() + 100) is None
+    release.set()
+    last.join(10)
+    assert barrier.committed == 0 and barrier.failure is None
