@@ -111,16 +111,17 @@ def test_strict_validation_rejects_a_misspelt_field(kubectl: str, tmp_path: Path
     assert any("readOnlyRootFileSystem" in line for line in lines)
 
 
-def with_component(kubectl: str, tmp_path: Path, component: str) -> Build:
-    """prod plus an optional component, as a user's overlay would add it."""
-    here = tmp_path / f"with-{component}"
+def with_component(kubectl: str, tmp_path: Path, *components: str) -> Build:
+    """prod plus optional components, in order, as a user's overlay would add them."""
+    name = "+".join(components)
+    here = tmp_path / f"with-{name}"
     here.mkdir()
     prod = os.path.relpath(K8S / "overlays" / "prod", here)
-    path = os.path.relpath(K8S / "components" / component, here)
+    paths = "".join(f"  - {os.path.relpath(K8S / 'components' / c, here)}\n" for c in components)
     (here / "kustomization.yaml").write_text(
-        f"namespace: heraldps\nresources:\n  - {prod}\ncomponents:\n  - {path}\n"
+        f"namespace: heraldps\nresources:\n  - {prod}\ncomponents:\n{paths}"
     )
-    return Build.parse(f"prod+{component}", kustomize(kubectl, here))
+    return Build.parse(f"prod+{name}", kustomize(kubectl, here))
 
 
 def test_monitoring_component(kubectl: str, tmp_path: Path) -> None:
@@ -220,6 +221,23 @@ def test_tls_component(kubectl: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
             expected = "admin.token" if role in ("scheduler", "feed") else "worker.token"
             assert args.token_file == f"{mounts['tokens']}/{expected}", role
             assert args.tls_server_name == "heraldps"
+
+
+def test_tls_with_snapshots_leaves_no_plaintext_probe(kubectl: str, tmp_path: Path) -> None:
+    """Both components, snapshots first: the resuming scheduler's startup probe (10 minutes
+    for the checkpoint's load) is `heraldps health` too, never kubelet's plaintext gRPC,
+    which a TLS server never answers (the pod would be killed in a loop)."""
+    build = with_component(kubectl, tmp_path, "snapshots", "tls")
+    code, lines = validate(build.yaml_text, tmp_path)
+    problems = [line for line in lines if not line.startswith("INFO")]
+    assert code == 0 and not problems, "\n".join(problems)
+    for kind, name in (("StatefulSet", "heraldps-ps"), ("Deployment", "heraldps-scheduler")):
+        (container,) = build.get(kind, name)["spec"]["template"]["spec"]["containers"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert set(container[probe]) & {"grpc", "exec"} == {"exec"}, (name, probe)
+            assert container[probe]["exec"]["command"][:2] == ["heraldps", "health"]
+    scheduler = build.get("Deployment", "heraldps-scheduler")["spec"]["template"]["spec"]
+    assert scheduler["containers"][0]["startupProbe"]["failureThreshold"] >= 60
 
 
 # --- the job file ---------------------------------------------------------------------------
