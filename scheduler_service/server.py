@@ -70,14 +70,9 @@ class SchedulerConfig:
         if self.mode not in SERVICE_MODES:
             raise ValueError(f"--mode must be one of {', '.join(SERVICE_MODES)}, got {self.mode!r}")
         if self.threads < self.min_threads:
-            held = (
-                "plan streams and reports waiting for commits"
-                if self.pipelined
-                else ("plan streams")
-            )
             raise ValueError(
-                f"--threads {self.threads} is too few for {self.workers} workers' {held}; "
-                f"use at least {self.min_threads}"
+                f"--threads {self.threads} is too few for {self.workers} workers' reports "
+                f"waiting for commits (--mode {PIPELINED_MODE}); use at least {self.min_threads}"
             )
         if (self.checkpoints.every or self.checkpoints.resume_from) and not self.ps:
             raise ValueError("--checkpoint-every and --resume-from need --ps (the shards)")
@@ -103,9 +98,9 @@ class SchedulerConfig:
 
     @property
     def min_threads(self) -> int:
-        """Every worker holds a plan stream open; a pipelined one also a ReportDone that
-        waits for the commit."""
-        return (2 if self.pipelined else 1) * self.workers + 4
+        """Plan streams run in their own budget (``--max-streams``), outside ``--threads``;
+        a pipelined worker's ReportDone waits for the commit and holds a thread meanwhile."""
+        return (self.workers if self.pipelined else 0) + 4
 
 
 class SchedulerServer(GrpcProcess):

@@ -234,11 +234,14 @@ def test_pipelined_plans_flow_before_the_previous_commit(
 
 
 def test_pipelined_mode_needs_threads_and_a_backlog() -> None:
-    """Each pipelined worker holds a plan stream and a waiting report; plan t+1 can only be
-    released while t trains with a backlog of 2."""
-    with pytest.raises(ValueError, match="at least 20"):
-        SchedulerConfig(workers=8, cache_rows=10, mode="herald_pipelined", threads=19)
-    SchedulerConfig(workers=8, cache_rows=10, mode="herald", threads=19)
+    """Each pipelined worker holds a waiting report (its plan stream counts against
+    --max-streams); plan t+1 can only be released while t trains with a backlog of 2."""
+    with pytest.raises(ValueError, match="at least 12"):
+        SchedulerConfig(workers=8, cache_rows=10, mode="herald_pipelined", threads=11)
+    SchedulerConfig(workers=8, cache_rows=10, mode="herald_pipelined", threads=12)
+    SchedulerConfig(workers=40, cache_rows=10, mode="herald", threads=8)  # streams: own budget
+    with pytest.raises(ValueError, match="at least 4"):
+        SchedulerConfig(workers=2, cache_rows=10, mode="herald", threads=3)
     with pytest.raises(ValueError, match="--max-backlog 2 or more"):
         SchedulerConfig(workers=2, cache_rows=10, mode="herald_pipelined", max_backlog=1)
 
