@@ -236,7 +236,8 @@ def run_mode(
     batches = global_batches(train, job.global_batch, job.iterations, job.epochs)
     job_path = workdir / "job.json"
     job_path.write_text(job.to_json())
-    checkpoint_dir = recovery.checkpoint_dir or workdir / "checkpoints"
+    # Absolute: the scheduler hands it to the shards, which resolve it on their own.
+    checkpoint_dir = (recovery.checkpoint_dir or workdir / "checkpoints").absolute()
     if recovery.checkpoint_every or recovery.max_restarts:
         for old, _ in checkpoints.complete(checkpoint_dir):  # a new run: not an older run's
             shutil.rmtree(old)

@@ -12,6 +12,7 @@ iteration t, exactly.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,18 @@ class CheckpointConfig:
             raise ValueError("--checkpoint-every must be >= 0 and --keep-checkpoints >= 1")
         if self.every and not self.directory:
             raise ValueError("--checkpoint-every needs --checkpoint-dir (where snapshots go)")
+        for flag, path in (
+            ("--checkpoint-dir", self.directory),
+            ("--resume-from", self.resume_from),
+        ):
+            if path and not os.path.isabs(path):
+                raise ValueError(
+                    f"{flag} {path!r} must be an absolute path: the scheduler writes the "
+                    "manifest there and every shard its snapshot, each resolving the path "
+                    "on its own (a relative one lands under a shard's --snapshot-root or "
+                    "working directory, away from the manifest); use the volume's mount "
+                    "path, the same in every pod"
+                )
 
 
 class Checkpointer:

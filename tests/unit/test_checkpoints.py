@@ -96,3 +96,16 @@ def test_a_checkpoint_plan_writes_back_every_dirty_row(mode: str) -> None:
     assert written >= sum(p.write_back.shape[0] for p in released_plain)
     if mode == "naive":  # nothing stays dirty under naive sync: the checkpoint adds nothing
         assert written == sum(p.write_back.shape[0] for p in released_plain)
+
+
+def test_checkpoint_paths_must_be_absolute() -> None:
+    """The scheduler writes the manifest and each shard its snapshot, each resolving the path
+    on its own: a relative path would split a checkpoint between directories."""
+    from scheduler_service.checkpointer import CheckpointConfig
+
+    for kwargs in ({"every": 5, "directory": "ckpts"}, {"resume_from": "./ckpts"}):
+        with pytest.raises(ValueError, match="must be an absolute path"):
+            CheckpointConfig(**kwargs)  # type: ignore[arg-type]
+    CheckpointConfig(
+        every=5, directory="/snapshots/checkpoints", resume_from="/snapshots/checkpoints"
+    )
