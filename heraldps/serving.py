@@ -109,6 +109,7 @@ class GrpcProcess:
             raise OSError(f"cannot bind {host}:{port}; is the port in use?")
         self.metrics_port: int | None = None
         self._stopped = threading.Event()
+        self.exit_code = 0  # what serve_until_signal returns once the server stopped
 
     def start(self) -> None:
         self.server.start()
@@ -146,7 +147,8 @@ class GrpcProcess:
 
 
 def serve_until_signal(process: GrpcProcess) -> int:
-    """Run until SIGTERM/SIGINT, then drain and return 0."""
+    """Run until SIGTERM/SIGINT (or the process stops itself), then drain; return the
+    process's exit code (0 unless it stopped because it failed)."""
     process.start()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -156,4 +158,4 @@ def serve_until_signal(process: GrpcProcess) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     process.wait()
-    return 0
+    return process.exit_code

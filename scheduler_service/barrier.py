@@ -267,6 +267,12 @@ class Barrier:
         if self.failure is not None:  # a fresh exception each time: tracebacks never pile up
             raise RunAborted(self.failure.message)
 
+    def wait_aborted(self, timeout: float) -> RunAborted | None:
+        """The run's failure once it is aborted, waiting up to ``timeout`` s (None: running)."""
+        with self._lock:
+            self._changed.wait_for(lambda: self.failure is not None, timeout)
+            return self.failure
+
     def fail(self, failure: RunAborted) -> None:
         """Abort the run: every waiting and later call answers ``failure`` (the first one)."""
         with self._lock:

@@ -24,6 +24,7 @@ from scheduler_service.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 RESUME_WAIT_SECONDS = 120.0  # for the shards to come up before a resume loads them
+ABORT_EXIT_SECONDS = 3.0  # an aborted run that can resume: answer ABORTED this long, then exit 1
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 # Feeding batches and ending the run are the operator's (the feed's); workers have the rest.
 ADMIN_METHODS = tuple(f"/{SERVICE_NAME}/{m}" for m in ("SubmitBatch", "Finish"))
@@ -187,7 +188,26 @@ class SchedulerServer(GrpcProcess):
         super().start()
         if self.config.worker_timeout > 0:
             self.watchdog.start()
+        if self.config.checkpoints.resume_from:
+            threading.Thread(target=self._exit_when_aborted, name="abort-exit", daemon=True).start()
         log.info("config %s", asdict(self.config))
+
+    def _exit_when_aborted(self) -> None:
+        """With ``--resume-from``, an aborted run ends the process (exit 1) so that its
+        supervisor (a Kubernetes Deployment) starts it again, and the new scheduler resumes
+        from the newest checkpoint. It waits ``ABORT_EXIT_SECONDS`` first, so the workers
+        and the feed waiting on it hear why."""
+        while not self.stopping.is_set():
+            failure = self.barrier.wait_aborted(1.0)
+            if failure is None:
+                continue
+            log.error("run aborted (%s); exiting in %g s so the scheduler restarts and "
+                      "resumes from the newest checkpoint", failure.message,
+                      ABORT_EXIT_SECONDS)  # fmt: skip
+            if not self.stopping.wait(ABORT_EXIT_SECONDS):
+                self.exit_code = 1
+                self.stop()
+            return
 
     def before_stop(self) -> None:
         self.watchdog.stop()

@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -16,7 +17,8 @@ from heraldps import wire
 from heraldps.optim import SGD
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from ps_server.server import PSServer
-from scheduler_service.server import SchedulerConfig, SchedulerServer
+from scheduler_service.checkpointer import CheckpointConfig
+from scheduler_service.server import ABORT_EXIT_SECONDS, SchedulerConfig, SchedulerServer
 from tests.conftest import ClusterFactory
 
 WORKERS = 3
@@ -24,13 +26,14 @@ WORKERS = 3
 
 @contextlib.contextmanager
 def scheduler_on_shards(
-    cluster: ClusterFactory, worker_timeout: float = 0.0
+    cluster: ClusterFactory, worker_timeout: float = 0.0, **config_fields: object
 ) -> Iterator[tuple[SchedulerServer, scheduler_pb2_grpc.SchedulerStub, list[PSServer]]]:
     servers, ps = cluster(2)
     ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
     config = SchedulerConfig(workers=WORKERS, cache_rows=40, mode="herald",
                              ps=tuple(ps.addresses), host="127.0.0.1", port=0, max_backlog=4,
-                             grace_seconds=1, worker_timeout=worker_timeout)  # fmt: skip
+                             grace_seconds=1, worker_timeout=worker_timeout,
+                             **config_fields)  # type: ignore[arg-type]  # fmt: skip
     server = SchedulerServer(config)
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
@@ -132,3 +135,23 @@ def test_a_silent_worker_aborts_the_run_within_the_timeout(cluster: ClusterFacto
         assert timeout - 0.1 < took < timeout + 2, took  # checked every quarter timeout
         assert_aborted(lambda: stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=5), reason)
         assert_aborted(lambda: report(stub, 2), reason)  # the late report is refused too
+
+
+def test_an_aborted_scheduler_that_can_resume_exits_so_its_supervisor_restarts_it(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    """With --resume-from, an aborted run ends the scheduler (exit 1) after answering ABORTED
+    for a few seconds, so a Kubernetes Deployment starts it again and it resumes from the
+    newest checkpoint; without it (the test above) the scheduler keeps answering."""
+    checkpoints = CheckpointConfig(resume_from=str(tmp_path))  # empty: a fresh run
+    with scheduler_on_shards(cluster, worker_timeout=1.0, checkpoints=checkpoints) as (
+        server, stub, _shards,
+    ):  # fmt: skip
+        start_iteration_0(stub)
+        began = time.monotonic()
+        stopped = threading.Thread(target=server.wait)
+        stopped.start()
+        stopped.join(timeout=1.0 + ABORT_EXIT_SECONDS + 10)
+        assert not stopped.is_alive(), "the aborted scheduler did not exit"
+        assert server.exit_code == 1
+        assert time.monotonic() - began >= 1.0 + ABORT_EXIT_SECONDS - 0.5
