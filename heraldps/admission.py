@@ -149,6 +149,7 @@ class Admission(grpc.ServerInterceptor):
         self._unary = 0
         self._streams = 0
         self._tokens = 0
+        self._held = 0  # bytes the requests admitted here hold against the memory budget
         self._logged_hosts: set[str] = set()
         self.rejected = Counter(
             "heraldps_rpc_rejected",
@@ -348,14 +349,36 @@ class Admission(grpc.ServerInterceptor):
 
     @contextlib.contextmanager
     def _reserved(self, raw: bytes, method: str, context: grpc.ServicerContext) -> Iterator[None]:
-        """The request's bytes (raw and parsed) against the memory budget, if any."""
+        """The request's bytes (raw and parsed) against the memory budget, if any.
+
+        Over the budget while other admitted requests hold part of it, the call is
+        ``Overloaded`` (not started: the client backs off and retries, a push too), since
+        the budget frees as they finish; with none held, the request cannot fit, and the
+        budget's own error says so (not retried)."""
+        nbytes = 2 * len(raw)
         with contextlib.ExitStack() as stack:
             if self.reserve is not None:
                 try:
-                    stack.enter_context(self.reserve(2 * len(raw), f"{method}'s request"))
+                    stack.enter_context(self.reserve(nbytes, f"{method}'s request"))
                 except HeraldError as exc:
+                    with self._lock:
+                        held = self._held
+                    if held:
+                        self.rejected.labels("overloaded").inc()
+                        exc = Overloaded(
+                            f"{method}: {exc.message}; {held / 2**20:.1f} MiB of it is held "
+                            "by calls in flight, so the call was not started: retry",
+                            metadata={"started": "false"},
+                        )
                     _abort(context, exc)
+                with self._lock:
+                    self._held += nbytes
+                stack.callback(self._release_held, nbytes)
             yield
+
+    def _release_held(self, nbytes: int) -> None:
+        with self._lock:
+            self._held -= nbytes
 
     def _parse(
         self, parse: Callable[[bytes], Any], raw: bytes, method: str, context: grpc.ServicerContext

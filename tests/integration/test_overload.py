@@ -294,3 +294,36 @@ def test_memory_limit_counts_request_and_response_buffers(cluster: ClusterFactor
     assert shard.store.budget.used_bytes == held  # every reservation released
     assert ps.describe_table("emb").rows == 100
     channel.close()
+
+
+def test_pushes_over_a_budget_held_by_calls_in_flight_are_retried(cluster: ClusterFactory) -> None:
+    """A budget full only because other admitted pushes hold their requests' bytes frees as
+    they finish: the call is refused as not started (Overloaded), PSClient backs off and
+    retries, and every gradient lands once. (It was a plain RESOURCE_EXHAUSTED, never
+    retried: the worker, then the run, failed.)"""
+    servers, ps = cluster(1, threads=1, max_concurrent_rpcs=8, memory_limit_gb=0.015)
+    ps.create_table("emb", dim=32, optimizer=SGD(lr=1.0))
+    keys = np.arange(20_000)
+    grads = np.ones((20_000, 32), np.float32)
+    before, _ = ps.pull("emb", keys)
+    ps.push_gradients("emb", keys, grads, iteration=0)  # the buffer exists: pushes add no rows
+    clients, pushes = 6, 3
+    errors: list[BaseException] = []
+
+    def push() -> None:
+        try:
+            for _ in range(pushes):
+                ps.push_gradients("emb", keys, grads, iteration=0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=push) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert servers_metric(servers[0], "heraldps_rpc_rejected_total", {"why": "overloaded"}) > 0
+    ps.commit(0)
+    after, _ = ps.pull("emb", keys)
+    np.testing.assert_allclose(after, before - (1 + clients * pushes), rtol=0, atol=1e-3)
