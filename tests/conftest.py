@@ -25,7 +25,12 @@ def cluster() -> Iterator[ClusterFactory]:
         client_max_message_mb: int | None = None,
         **store: Any,
     ) -> tuple[list[PSServer], PSClient]:
-        """``store``: extra PSConfig fields, e.g. ``store="cached", data_dir=...``."""
+        """``store``: extra PSConfig fields, e.g. ``store="cached", data_dir=...``. A cached
+        store gets a 10 MiB host cache per table unless the test says otherwise: the
+        default (1 GiB) is touched when a table is created, and a suite of them would hold
+        tens of GB."""
+        if store.get("store") == "cached":
+            store.setdefault("cache_gb", 0.01)
         servers = []
         for index in range(num_shards):
             server = PSServer(

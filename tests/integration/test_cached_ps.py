@@ -72,6 +72,7 @@ def test_cached_store_answers_exactly_like_the_staged_store(
 
 
 def start_cached(path: Path, shard: int = 0, shards: int = 1, **extra: object) -> PSServer:
+    extra.setdefault("cache_gb", 0.01)  # the 1 GiB default is touched per table: see conftest
     server = PSServer(PSConfig(host="127.0.0.1", port=0, shard_index=shard, num_shards=shards,
                                grace_seconds=0.5, store="cached", data_dir=str(path),
                                **extra))  # type: ignore[arg-type]  # fmt: skip

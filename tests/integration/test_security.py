@@ -287,7 +287,9 @@ def test_save_and_load_stay_under_the_snapshot_root(tmp_path: Path) -> None:
 
 def test_snapshot_root_and_data_dir_must_not_overlap(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="overlap"):
-        PSConfig(store="cached", data_dir=str(tmp_path / "d"), snapshot_root=str(tmp_path))
+        PSConfig(
+            store="cached", data_dir=str(tmp_path / "d"), snapshot_root=str(tmp_path), cache_gb=0.01
+        )
 
 
 # ----- defaults: loopback, metrics on the gRPC host, reflection switch ---------------------
