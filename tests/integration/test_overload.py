@@ -190,20 +190,17 @@ def test_calls_over_the_limit_are_refused_at_once_and_health_still_answers() -> 
         server.stop(grace=0)
 
 
-def test_overloaded_pushes_are_retried_and_applied_once(cluster: ClusterFactory) -> None:
-    """A shard that runs one call at a time and admits two: eight clients pushing at
-    once are refused often, retry, and every gradient lands exactly once."""
-    servers, ps = cluster(1, threads=1, max_concurrent_rpcs=1)
-    ps.create_table("emb", dim=32, optimizer=SGD(lr=1.0))
-    keys = np.arange(20_000)
-    before, _ = ps.pull("emb", keys)
-    clients, pushes = 8, 5
+def push_concurrently(
+    ps: PSClient, keys: np.ndarray, grads: np.ndarray, clients: int, pushes: int
+) -> list[BaseException]:
+    """``clients`` threads each pushing ``grads`` of ``keys`` to iteration 0 ``pushes``
+    times on one PSClient; the errors they raised."""
     errors: list[BaseException] = []
 
     def push() -> None:
         try:
             for _ in range(pushes):
-                ps.push_gradients("emb", keys, np.ones((20_000, 32), np.float32), iteration=0)
+                ps.push_gradients("emb", keys, grads, iteration=0)
         except BaseException as exc:
             errors.append(exc)
 
@@ -212,7 +209,19 @@ def test_overloaded_pushes_are_retried_and_applied_once(cluster: ClusterFactory)
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    return errors
+
+
+def test_overloaded_pushes_are_retried_and_applied_once(cluster: ClusterFactory) -> None:
+    """A shard that runs one call at a time and admits two: eight clients pushing at
+    once are refused often, retry, and every gradient lands exactly once."""
+    servers, ps = cluster(1, threads=1, max_concurrent_rpcs=1)
+    ps.create_table("emb", dim=32, optimizer=SGD(lr=1.0))
+    keys = np.arange(20_000)
+    before, _ = ps.pull("emb", keys)
+    clients, pushes = 8, 5
+    grads = np.ones((20_000, 32), np.float32)
+    assert push_concurrently(ps, keys, grads, clients, pushes) == []
     assert servers_metric(servers[0], "heraldps_rpc_rejected_total", {"why": "overloaded"}) > 0
     ps.commit(0)
     after, versions = ps.pull("emb", keys)
@@ -308,21 +317,7 @@ def test_pushes_over_a_budget_held_by_calls_in_flight_are_retried(cluster: Clust
     before, _ = ps.pull("emb", keys)
     ps.push_gradients("emb", keys, grads, iteration=0)  # the buffer exists: pushes add no rows
     clients, pushes = 6, 3
-    errors: list[BaseException] = []
-
-    def push() -> None:
-        try:
-            for _ in range(pushes):
-                ps.push_gradients("emb", keys, grads, iteration=0)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=push) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert push_concurrently(ps, keys, grads, clients, pushes) == []
     assert servers_metric(servers[0], "heraldps_rpc_rejected_total", {"why": "overloaded"}) > 0
     ps.commit(0)
     after, _ = ps.pull("emb", keys)
