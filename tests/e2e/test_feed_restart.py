@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 from heraldps.client import PSClient
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.local import read_model
+from tests.processes import port, start
 from worker_client.job import TrainingJob
 from worker_client.reference import ReferenceTrainer
 
@@ -31,21 +31,6 @@ JOB = TrainingJob(
     data="bundled:criteo_head8k", workers=2, batch_size_per_worker=32, iterations=ITERATIONS,
     embedding_dim=4, hidden=(8,), cache_rows=2000, dense_sync="ps",
 )  # fmt: skip
-
-
-def _start(name: str, args: list[str], workdir: Path) -> subprocess.Popen[bytes]:
-    log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen([sys.executable, "-m", "launcher", *args], stdout=log,
-                            stderr=subprocess.STDOUT)  # fmt: skip
-
-
-def _port(workdir: Path, name: str, proc: subprocess.Popen[bytes]) -> int:
-    path, deadline = workdir / f"{name}.port", time.monotonic() + 60
-    while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError((workdir / f"{name}.log").read_text())
-        time.sleep(0.05)
-    return int(path.read_text().split()[0])
 
 
 def _committed(stub: scheduler_pb2_grpc.SchedulerStub) -> int:
@@ -58,20 +43,21 @@ def test_a_killed_feed_restarts_and_the_model_is_exact(tmp_path: Path) -> None:
     job.write_text(JOB.to_json())
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        shard = _start("ps", ["ps", "--port", "0", "--port-file", str(tmp_path / "ps.port")],
+        shard = start("ps", ["ps", "--port", "0", "--port-file", str(tmp_path / "ps.port")],
                        tmp_path)  # fmt: skip
         procs.append(shard)
-        ps = f"127.0.0.1:{_port(tmp_path, 'ps', shard)}"
-        scheduler_proc = _start(
+        ps = f"127.0.0.1:{port(tmp_path / 'ps.port', shard, tmp_path, 'ps')}"
+        scheduler_proc = start(
             "scheduler",
             ["scheduler", "--workers", "2", "--cache-rows", "2000", "--ps", ps, "--port", "0",
              "--port-file", str(tmp_path / "scheduler.port")],
             tmp_path,
         )  # fmt: skip
         procs.append(scheduler_proc)
-        scheduler = f"127.0.0.1:{_port(tmp_path, 'scheduler', scheduler_proc)}"
+        bound = port(tmp_path / "scheduler.port", scheduler_proc, tmp_path, "scheduler")
+        scheduler = f"127.0.0.1:{bound}"
         for w in range(2):
-            procs.append(_start(f"worker{w}", [
+            procs.append(start(f"worker{w}", [
                 "worker", "--job", str(job), "--worker-id", str(w), "--scheduler", scheduler,
                 "--ps", ps, "--timeout-seconds", "60"], tmp_path))  # fmt: skip
         feed_args = ["feed", "--job", str(job), "--scheduler", scheduler, "--ps", ps,
@@ -80,7 +66,7 @@ def test_a_killed_feed_restarts_and_the_model_is_exact(tmp_path: Path) -> None:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         killed_at = []
         for n, after in enumerate(KILL_AFTER):
-            feed = _start(f"feed{n}", feed_args, tmp_path)
+            feed = start(f"feed{n}", feed_args, tmp_path)
             deadline = time.monotonic() + 120
             while _committed(stub) < after:
                 assert feed.poll() is None, (tmp_path / f"feed{n}.log").read_text()
@@ -89,7 +75,7 @@ def test_a_killed_feed_restarts_and_the_model_is_exact(tmp_path: Path) -> None:
             feed.send_signal(signal.SIGKILL)
             feed.wait(timeout=10)
             killed_at.append(_committed(stub))
-        last = _start("feed-last", feed_args, tmp_path)
+        last = start("feed-last", feed_args, tmp_path)
         assert last.wait(timeout=180) == 0, (tmp_path / "feed-last.log").read_text()
         channel.close()
         assert all(it < ITERATIONS - 1 for it in killed_at), killed_at  # killed mid-run

@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 from heraldps.client import PSClient
 from heraldps.security import ClientSecurity
 from heraldps.tls import TlsFiles
 from tests.certs import make_pki
+from tests.processes import heraldps, port, start
 from worker_client.job import TrainingJob
 
 ITERATIONS = 4
@@ -22,26 +21,6 @@ JOB = TrainingJob(
     data="bundled:criteo_head8k", workers=2, batch_size_per_worker=32, iterations=ITERATIONS,
     embedding_dim=4, hidden=(8,), cache_rows=2000, dense_sync="allreduce",
 )  # fmt: skip
-
-
-def _command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher", *args]
-
-
-def _start(
-    name: str, args: list[str], env: dict[str, str], workdir: Path
-) -> subprocess.Popen[bytes]:
-    log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(_command(*args), stdout=log, stderr=subprocess.STDOUT, env=env)
-
-
-def _port(path: Path, proc: subprocess.Popen[bytes], workdir: Path, name: str) -> int:
-    deadline = time.monotonic() + 60
-    while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError((workdir / f"{name}.log").read_text())
-        time.sleep(0.05)
-    return int(path.read_text().split()[0])
 
 
 def test_cluster_trains_over_mutual_tls_with_tokens(tmp_path: Path) -> None:
@@ -61,25 +40,25 @@ def test_cluster_trains_over_mutual_tls_with_tokens(tmp_path: Path) -> None:
     }
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        ps_proc = _start(
+        ps_proc = start(
             "ps",
             ["ps", "--port", "0", "--port-file", str(tmp_path / "ps.port"),
              "--snapshot-root", str(tmp_path / "snaps")],
-            base, tmp_path,
+            tmp_path, base,
         )  # fmt: skip
         procs.append(ps_proc)
-        ps = f"127.0.0.1:{_port(tmp_path / 'ps.port', ps_proc, tmp_path, 'ps')}"
-        scheduler_proc = _start(
+        ps = f"127.0.0.1:{port(tmp_path / 'ps.port', ps_proc, tmp_path, 'ps')}"
+        scheduler_proc = start(
             "scheduler",
             ["scheduler", "--workers", "2", "--cache-rows", "2000", "--ps", ps, "--port", "0",
              "--port-file", str(tmp_path / "scheduler.port")],
-            {**base, "HERALDPS_TOKEN_FILE": str(admin)}, tmp_path,
+            tmp_path, {**base, "HERALDPS_TOKEN_FILE": str(admin)},
         )  # fmt: skip
         procs.append(scheduler_proc)
-        port = _port(tmp_path / "scheduler.port", scheduler_proc, tmp_path, "scheduler")
-        scheduler = f"127.0.0.1:{port}"
+        bound = port(tmp_path / "scheduler.port", scheduler_proc, tmp_path, "scheduler")
+        scheduler = f"127.0.0.1:{bound}"
         # `heraldps health` over mutual TLS, from the same variables (as an exec probe would).
-        health = subprocess.run(_command("health", scheduler), env=base, capture_output=True,
+        health = subprocess.run(heraldps("health", scheduler), env=base, capture_output=True,
                                 text=True, timeout=60)  # fmt: skip
         assert health.returncode == 0, health.stderr
         worker_env = {**base, "HERALDPS_TOKEN_FILE": str(worker)}
@@ -87,10 +66,10 @@ def test_cluster_trains_over_mutual_tls_with_tokens(tmp_path: Path) -> None:
         for w in range(2):
             args = ["worker", "--job", str(job), "--worker-id", str(w), "--scheduler",
                     scheduler, "--ps", ps, "--timeout-seconds", "60"]  # fmt: skip
-            workers.append(_start(f"worker{w}", args, worker_env, tmp_path))
+            workers.append(start(f"worker{w}", args, tmp_path, worker_env))
         procs.extend(workers)
         feed = subprocess.run(
-            _command("feed", "--job", str(job), "--scheduler", scheduler, "--ps", ps,
+            heraldps("feed", "--job", str(job), "--scheduler", scheduler, "--ps", ps,
                      "--timeout-seconds", "60"),
             env={**base, "HERALDPS_TOKEN_FILE": str(admin)}, capture_output=True, text=True,
             timeout=180,
