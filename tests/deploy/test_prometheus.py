@@ -138,7 +138,8 @@ class Prometheus:
 def local_config(targets: dict[str, int]) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml with each compose target replaced by its real
     127.0.0.1 port (``instance`` keeps the compose name), a 1 s scrape and evaluation
-    interval, and the real rules.yml."""
+    interval, and the real rules.yml. This test feeds batches itself, so the feeder's
+    target is left out (tests/deploy/test_compose_docker.py scrapes a real feed)."""
     config = load_yaml(PROMETHEUS_CONFIG)
     config["global"].update(
         scrape_interval=SCRAPE, scrape_timeout=SCRAPE, evaluation_interval=SCRAPE
@@ -148,6 +149,8 @@ def local_config(targets: dict[str, int]) -> dict[str, Any]:
         static = []
         for group in job["static_configs"]:
             for target in group["targets"]:
+                if target == "feed:9100":
+                    continue
                 labels = {**group.get("labels", {}), "instance": target}
                 static.append({"targets": [f"127.0.0.1:{targets.pop(target)}"], "labels": labels})
         job["static_configs"] = static
