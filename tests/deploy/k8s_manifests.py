@@ -155,7 +155,10 @@ class Build:
                 env[var["name"]] = self.config(ref["name"])[ref["key"]]
             elif "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
-                assert fields is not None and path in fields, f"no value given for {path}"
+                assert fields is not None and path in fields, (
+                    f"{self.name}: {container['name']} takes {var['name']} from {path}, "
+                    "which the test gives no value (a field of the pod it did not expect)"
+                )
                 env[var["name"]] = fields[path]
             else:
                 raise AssertionError(f"{self.name}: unhandled env source {source}")
