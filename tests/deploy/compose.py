@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from tests.deploy.dockerfile import exec_form, instructions
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
@@ -48,6 +50,24 @@ def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
         source, target = entry.split(":")[:2]
         found.append((source, target))
     return found
+
+
+def argv(service: dict[str, Any]) -> list[str]:
+    """What the service's container runs: its entrypoint (the Dockerfile's ENTRYPOINT unless
+    the service sets one) followed by its command."""
+    entrypoint = service.get("entrypoint")
+    if entrypoint is None:
+        dockerfile = REPO / service["build"]["dockerfile"]
+        (found,) = [i for i in instructions(dockerfile) if i.keyword == "ENTRYPOINT"]
+        entrypoint = exec_form(found.args)
+    return [*entrypoint, *service["command"]]
+
+
+def mounted_file(service: dict[str, Any], path: str) -> Path:
+    """The repository file the service bind-mounts at ``path``."""
+    (source,) = [s for s, target in mounts(service) if target == path]
+    assert source.startswith("."), f"{path} is on the named volume {source}, not a file"
+    return DEPLOY / source
 
 
 def depends(service: dict[str, Any]) -> dict[str, str]:

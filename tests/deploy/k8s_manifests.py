@@ -11,7 +11,7 @@ import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -126,6 +126,23 @@ class Build:
         assert found, f"{self.name}: {kind} {name} has no container {container}"
         chosen: Obj = found[0]
         return chosen
+
+    def argv(self, container: Obj) -> list[str]:
+        """``command`` + ``args``. A heraldps container must name its command: without one
+        the image's ENTRYPOINT decides, and the GPU workers run another image."""
+        where = f"{self.name}: container {container['name']}"
+        assert "command" in container, f"{where} has no command"
+        return [*container["command"], *container.get("args", [])]
+
+    def mounted_config(self, kind: str, name: str, container: str, path: str) -> str:
+        """The text of the file a container sees at ``path``: a ConfigMap volume's item."""
+        spec = self.get(kind, name)["spec"]["template"]["spec"]
+        mounts = self.container(kind, name, container)["volumeMounts"]
+        folder, file = str(PurePosixPath(path).parent), PurePosixPath(path).name
+        (mount,) = [m for m in mounts if m["mountPath"] == folder]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        (key,) = [i["key"] for i in volume["configMap"]["items"] if i["path"] == file]
+        return self.config(volume["configMap"]["name"])[key]
 
     def config(self, name: str = "heraldps-config") -> dict[str, str]:
         data: dict[str, str] = self.get("ConfigMap", name).get("data") or {}

@@ -252,18 +252,11 @@ def rendered_job(build: Build) -> TrainingJob:
 def test_job_mount_holds_the_rendered_job(build: Build) -> None:
     """Workers and the feeder read HERALDPS_JOB from the ConfigMap volume."""
     rendered_job(build)  # loads: every field known, values valid
-    for name in ("heraldps-worker", "heraldps-feed"):
-        pod_spec = build.get("Job", name)["spec"]["template"]["spec"]
-        container = pod_spec["containers"][0]
-        job_path = Path(
-            build.env(container, {COMPLETION_INDEX: "0", POD_IP: "10.0.0.7"})["HERALDPS_JOB"]
-        )
-        mount = next(m for m in container["volumeMounts"]
-                     if Path(m["mountPath"]) == job_path.parent)  # fmt: skip
-        volume = next(v for v in pod_spec["volumes"] if v["name"] == mount["name"])
-        items = {i["path"]: i["key"] for i in volume["configMap"]["items"]}
-        assert items[job_path.name] == "job.json"
-        assert volume["configMap"]["name"] == "heraldps-config"
+    for name, container in (("heraldps-worker", "worker"), ("heraldps-feed", "feed")):
+        fields = {COMPLETION_INDEX: "0", POD_IP: "10.0.0.7"}
+        job_path = build.env(build.container("Job", name, container), fields)["HERALDPS_JOB"]
+        text = build.mounted_config("Job", name, container, job_path)
+        assert text == build.config()["job.json"], name
 
 
 def test_workers_mount_no_data(build: Build) -> None:

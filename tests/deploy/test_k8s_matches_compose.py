@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.compose import DEPLOY, heraldps_services, load_compose, mounts
-from tests.deploy.dockerfile import exec_form, instructions
+from tests.deploy import compose
 from tests.deploy.k8s_manifests import (
     COMPLETION_INDEX,
     K8S,
@@ -161,22 +160,6 @@ def translated(value: str) -> str:
     return ",".join(ADDRESSES.get(part, part) for part in value.split(","))
 
 
-def compose_argv(service: dict[str, Any]) -> list[str]:
-    """ENTRYPOINT + command, as docker runs the service's container."""
-    entrypoint = service.get("entrypoint")
-    if entrypoint is None:
-        dockerfile = DEPLOY.parent / service["build"]["dockerfile"]
-        (found,) = [i for i in instructions(dockerfile) if i.keyword == "ENTRYPOINT"]
-        entrypoint = exec_form(found.args)
-    return [*entrypoint, *service["command"]]
-
-
-def compose_job(service: dict[str, Any], path: str) -> TrainingJob:
-    """The job file the service mounts at ``path``."""
-    (source,) = [s for s, target in mounts(service) if target == path]
-    return TrainingJob.load(DEPLOY / source)
-
-
 def job_settings(job: TrainingJob) -> dict[str, str]:
     return {f"{JOB}{k}": repr(v) for k, v in dataclasses.asdict(job).items()}
 
@@ -185,7 +168,7 @@ def compose_settings(service: dict[str, Any]) -> dict[str, str]:
     """Every variable the service sets (addresses translated) plus the fields of its job."""
     env = {k: translated(str(v)) for k, v in service.get("environment", {}).items()}
     if "HERALDPS_JOB" in env:
-        env |= job_settings(compose_job(service, env["HERALDPS_JOB"]))
+        env |= job_settings(TrainingJob.load(compose.mounted_file(service, env["HERALDPS_JOB"])))
     return env
 
 
@@ -196,28 +179,12 @@ def pod_container(build: Build, pod: Pod) -> Obj:
     return build.container(pod.kind, pod.name, pod.container)
 
 
-def pod_argv(container: Obj) -> list[str]:
-    """command + args. A pod must name its command: without one the image's ENTRYPOINT
-    would decide, and the GPU image is another Dockerfile."""
-    assert "command" in container, f"container {container['name']} has no command"
-    return [*container["command"], *container.get("args", [])]
-
-
-def pod_job(build: Build, pod: Pod, path: str) -> TrainingJob:
-    """The job file the pod mounts at ``path``: a key of a ConfigMap volume."""
-    spec = build.get(pod.kind, pod.name)["spec"]["template"]["spec"]
-    container = pod_container(build, pod)
-    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(Path(path).parent)]
-    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
-    (key,) = [i["key"] for i in volume["configMap"]["items"] if i["path"] == Path(path).name]
-    return TrainingJob.from_json(build.config(volume["configMap"]["name"])[key])
-
-
 def pod_settings(build: Build, pod: Pod) -> dict[str, str]:
     """Every variable the kubelet would set in the container plus the fields of its job."""
     env = build.env(pod_container(build, pod), dict(pod.fields))
     if "HERALDPS_JOB" in env:
-        env |= job_settings(pod_job(build, pod, env["HERALDPS_JOB"]))
+        text = build.mounted_config(pod.kind, pod.name, pod.container, env["HERALDPS_JOB"])
+        env |= job_settings(TrainingJob.from_json(text))
     return env
 
 
@@ -246,7 +213,7 @@ def mismatches(variant: str, build: Build, services: dict[str, dict[str, Any]]) 
         if not plays(build, name, theirs):
             continue
         where = f"{variant}: compose {name} vs {pod.kind} {pod.name}/{pod.container}"
-        argv, pod_args = compose_argv(service), pod_argv(pod_container(build, pod))
+        argv, pod_args = compose.argv(service), build.argv(pod_container(build, pod))
         if argv != pod_args:
             yield f"{where}: argv: compose {argv}, kubernetes {pod_args}"
         ours = pod_settings(build, pod)
@@ -287,7 +254,7 @@ def variant(
 
 def test_pods_run_what_the_compose_services_run(variant: tuple[str, Build]) -> None:
     name, build = variant
-    problems = list(mismatches(name, build, heraldps_services(load_compose())))
+    problems = list(mismatches(name, build, compose.heraldps_services(compose.load_compose())))
     assert not problems, "\n".join(problems)
 
 
@@ -296,7 +263,7 @@ def test_every_compose_service_has_its_pod_in_some_build(
 ) -> None:
     """The staged shard is played in dev, the cached one in base and prod: together the
     builds cover every heraldps service of the compose file."""
-    services = heraldps_services(load_compose())
+    services = compose.heraldps_services(compose.load_compose())
     assert set(services) == set(PODS)
     covered = set()
     for chosen in VARIANTS:
@@ -308,7 +275,7 @@ def test_every_compose_service_has_its_pod_in_some_build(
 def test_a_changed_value_is_named_with_both_sides(kubectl: str, tmp_path: Path) -> None:
     """The comparison bites: one value changed on the compose side is reported with the
     build, the service, the variable and both values."""
-    services = heraldps_services(load_compose())
+    services = compose.heraldps_services(compose.load_compose())
     services["ps-1"]["environment"]["HERALDPS_CACHE_GB"] = "3"
     build = render(kubectl, Variant("base"), tmp_path)
     problems = list(mismatches("base", build, services))
