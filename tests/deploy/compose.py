@@ -29,8 +29,19 @@ DEPLOY = REPO / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 
 
-def load_compose() -> dict[str, Any]:
+def load_compose(*overrides: Path) -> dict[str, Any]:
+    """The compose file, with ``overrides`` (``-f`` files after it) merged as docker compose
+    merges them: a service's environment key by key, its volumes by container path."""
     compose: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
+    for override in overrides:
+        for name, extra in yaml.safe_load(override.read_text())["services"].items():
+            service = compose["services"][name]
+            service["environment"] = service.get("environment", {}) | extra.get("environment", {})
+            by_target = {entry.split(":")[1]: entry for entry in service.get("volumes", [])}
+            by_target |= {entry.split(":")[1]: entry for entry in extra.get("volumes", [])}
+            service["volumes"] = list(by_target.values())
+            unmerged = set(extra) - {"environment", "volumes"}
+            assert not unmerged, f"{override.name}: {name} sets {unmerged}, not merged here"
     return compose
 
 

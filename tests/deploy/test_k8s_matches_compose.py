@@ -36,10 +36,12 @@ from worker_client.job import TrainingJob
 
 @dataclass(frozen=True)
 class Variant:
-    """A kustomize build: a directory under deploy/k8s plus optional components."""
+    """A kustomize build (a directory under deploy/k8s plus optional components) and the
+    compose files (under deploy/, after docker-compose.yml) it is compared with."""
 
     build: str
     components: tuple[str, ...] = ()
+    compose_files: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -52,6 +54,7 @@ VARIANTS = (
     Variant("overlays/dev"),
     Variant("overlays/prod"),
     Variant("overlays/prod", ("snapshots",)),
+    Variant("base", ("snapshots", "tls"), ("docker-compose.tls.yml",)),
 )
 
 
@@ -88,12 +91,24 @@ ADDRESSES = {
     "scheduler:7100": "heraldps-scheduler:7100",
 }
 
+# The TLS files and tokens: compose bind-mounts them under /etc/heraldps; a pod mounts each
+# Secret on a folder of its own (a Secret volume hides what else is in its folder, and
+# /etc/heraldps holds the job), with the key names of `kubectl create secret tls`.
+PATHS = {
+    "/etc/heraldps/tls/heraldps.crt": "/etc/heraldps-tls/tls.crt",
+    "/etc/heraldps/tls/heraldps.key": "/etc/heraldps-tls/tls.key",
+    "/etc/heraldps/tls/ca.crt": "/etc/heraldps-tls/ca.crt",
+    "/etc/heraldps/tokens/admin.token": "/etc/heraldps-tokens/admin.token",
+    "/etc/heraldps/tokens/worker.token": "/etc/heraldps-tokens/worker.token",
+}
+
 SHARDS = frozenset({"ps-0", "ps-1"})
 WORKERS = frozenset({"worker-0", "worker-1"})
 EVERY = frozenset(v.name for v in VARIANTS)
 SNAPSHOTS = frozenset(v.name for v in VARIANTS if "snapshots" in v.components)
 DEV = frozenset({"overlays/dev"})
 PROD = frozenset(v.name for v in VARIANTS if v.build == "overlays/prod")
+TLS = frozenset(v.name for v in VARIANTS if "tls" in v.components)
 JOB = "job.json:"  # prefix of the job file's fields in the compared settings
 
 
@@ -139,6 +154,12 @@ ALLOWED = (
             "prod: 4 shards, 4 workers, no reflection"),
     Allowed(PROD, WORKERS | {"feed"}, f"HERALDPS_PS {JOB}workers {JOB}device",
             "prod: 4 shards; its own job.json has 4 GPU workers"),
+    Allowed(TLS, SCHEDULER | WORKERS | {"feed"}, "HERALDPS_TLS_SERVER_NAME",
+            "pods dial pod IPs, which no certificate names, so clients check the name "
+            "'heraldps'; compose dials the service names make-certs.sh puts in it"),
+    Allowed(TLS, SHARDS | SCHEDULER, "HERALDPS_NO_REFLECTION",
+            "compose's TLS file also turns reflection off; on Kubernetes that is prod's "
+            "choice, with or without TLS"),
 )
 # fmt: on
 
@@ -156,8 +177,9 @@ def allowed_keys(variant: str, service: str) -> set[str]:
 
 
 def translated(value: str) -> str:
-    """A compose value with its service addresses as the pods reach them (ADDRESSES)."""
-    return ",".join(ADDRESSES.get(part, part) for part in value.split(","))
+    """A compose value with its service addresses and mounted files as the pods see them
+    (ADDRESSES, PATHS)."""
+    return PATHS.get(value) or ",".join(ADDRESSES.get(part, part) for part in value.split(","))
 
 
 def job_settings(job: TrainingJob) -> dict[str, str]:
@@ -165,8 +187,8 @@ def job_settings(job: TrainingJob) -> dict[str, str]:
 
 
 def compose_settings(service: dict[str, Any]) -> dict[str, str]:
-    """Every variable the service sets (addresses translated) plus the fields of its job."""
-    env = {k: translated(str(v)) for k, v in service.get("environment", {}).items()}
+    """Every variable the service sets, as written, plus the fields of its job."""
+    env = {k: str(v) for k, v in service.get("environment", {}).items()}
     if "HERALDPS_JOB" in env:
         env |= job_settings(TrainingJob.load(compose.mounted_file(service, env["HERALDPS_JOB"])))
     return env
@@ -202,7 +224,11 @@ def plays(build: Build, service: str, compose_env: dict[str, str]) -> bool:
 
 
 def show(value: str | None) -> str:
-    return "unset" if value is None else repr(value)
+    if value is None:
+        return "unset"
+    if translated(value) != value:
+        return f"{value!r} (in a pod: {translated(value)!r})"
+    return repr(value)
 
 
 def mismatches(variant: str, build: Build, services: dict[str, dict[str, Any]]) -> Iterator[str]:
@@ -217,7 +243,8 @@ def mismatches(variant: str, build: Build, services: dict[str, dict[str, Any]]) 
         if argv != pod_args:
             yield f"{where}: argv: compose {argv}, kubernetes {pod_args}"
         ours = pod_settings(build, pod)
-        differ = {k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k)}
+        as_pod = {k: translated(v) for k, v in theirs.items()}
+        differ = {k for k in as_pod.keys() | ours.keys() if as_pod.get(k) != ours.get(k)}
         allowed = allowed_keys(variant, name)
         for key in sorted(differ - allowed):
             compose_value, pod_value = show(theirs.get(key)), show(ours.get(key))
@@ -245,16 +272,21 @@ def render(kubectl: str, variant: Variant, workdir: Path) -> Build:
 
 
 @pytest.fixture(params=VARIANTS, ids=[v.name for v in VARIANTS])
-def variant(
-    request: pytest.FixtureRequest, kubectl: str, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[str, Build]:
+def variant(request: pytest.FixtureRequest) -> Variant:
     chosen: Variant = request.param
-    return chosen.name, render(kubectl, chosen, tmp_path_factory.mktemp("kustomize"))
+    return chosen
 
 
-def test_pods_run_what_the_compose_services_run(variant: tuple[str, Build]) -> None:
-    name, build = variant
-    problems = list(mismatches(name, build, compose.heraldps_services(compose.load_compose())))
+def services_of(variant: Variant) -> dict[str, dict[str, Any]]:
+    files = [compose.DEPLOY / name for name in variant.compose_files]
+    return compose.heraldps_services(compose.load_compose(*files))
+
+
+def test_pods_run_what_the_compose_services_run(
+    variant: Variant, kubectl: str, tmp_path: Path
+) -> None:
+    build = render(kubectl, variant, tmp_path)
+    problems = list(mismatches(variant.name, build, services_of(variant)))
     assert not problems, "\n".join(problems)
 
 
