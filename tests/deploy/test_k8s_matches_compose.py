@@ -315,3 +315,41 @@ def test_a_changed_value_is_named_with_both_sides(kubectl: str, tmp_path: Path) 
         "base: compose ps-1 vs StatefulSet heraldps-ps/ps: HERALDPS_CACHE_GB: "
         "compose '3', kubernetes '1'"
     ]
+
+
+def test_env_resolves_as_the_kubelet_does() -> None:
+    """envFrom first (with its prefix), env after it and winning, $(NAME) of an earlier
+    variable, $$ for a dollar, an unknown reference left as written."""
+    build = Build.parse(
+        "inline",
+        """
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: shared}
+data: {HERALDPS_MODE: herald, HERALDPS_PORT: "7100", "1BAD": x}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: d}
+spec:
+  template:
+    spec:
+      containers:
+        - name: c
+          envFrom:
+            - configMapRef: {name: shared}
+            - configMapRef: {name: shared}
+              prefix: COPY_
+          env:
+            - {name: HERALDPS_PORT, value: "7200"}
+            - {name: HERALDPS_PS, value: "$(HERALDPS_MODE):$(HERALDPS_PORT)"}
+            - {name: PRICE, value: "$$(HERALDPS_MODE) $(LATER)"}
+            - {name: LATER, value: x}
+""",
+    )
+    env = build.env(build.container("Deployment", "d", "c"))
+    assert env == {
+        "HERALDPS_MODE": "herald", "HERALDPS_PORT": "7200", "COPY_HERALDPS_MODE": "herald",
+        "COPY_HERALDPS_PORT": "7100", "COPY_1BAD": "x", "HERALDPS_PS": "herald:7200",
+        "PRICE": "$(HERALDPS_MODE) $(LATER)", "LATER": "x",
+    }  # fmt: skip
