@@ -22,13 +22,26 @@ from typing import Any
 
 import yaml
 
+from tests.deploy.dockerfile import exec_form, instructions
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 
 
-def load_compose() -> dict[str, Any]:
+def load_compose(*overrides: Path) -> dict[str, Any]:
+    """The compose file, with ``overrides`` (``-f`` files after it) merged as docker compose
+    merges them: a service's environment key by key, its volumes by container path."""
     compose: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
+    for override in overrides:
+        for name, extra in yaml.safe_load(override.read_text())["services"].items():
+            service = compose["services"][name]
+            service["environment"] = service.get("environment", {}) | extra.get("environment", {})
+            by_target = {entry.split(":")[1]: entry for entry in service.get("volumes", [])}
+            by_target |= {entry.split(":")[1]: entry for entry in extra.get("volumes", [])}
+            service["volumes"] = list(by_target.values())
+            unmerged = set(extra) - {"environment", "volumes"}
+            assert not unmerged, f"{override.name}: {name} sets {unmerged}, not merged here"
     return compose
 
 
@@ -48,6 +61,24 @@ def mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
         source, target = entry.split(":")[:2]
         found.append((source, target))
     return found
+
+
+def argv(service: dict[str, Any]) -> list[str]:
+    """What the service's container runs: its entrypoint (the Dockerfile's ENTRYPOINT unless
+    the service sets one) followed by its command."""
+    entrypoint = service.get("entrypoint")
+    if entrypoint is None:
+        dockerfile = REPO / service["build"]["dockerfile"]
+        (found,) = [i for i in instructions(dockerfile) if i.keyword == "ENTRYPOINT"]
+        entrypoint = exec_form(found.args)
+    return [*entrypoint, *service["command"]]
+
+
+def mounted_file(service: dict[str, Any], path: str) -> Path:
+    """The repository file the service bind-mounts at ``path``."""
+    (source,) = [s for s, target in mounts(service) if target == path]
+    assert source.startswith("."), f"{path} is on the named volume {source}, not a file"
+    return DEPLOY / source
 
 
 def depends(service: dict[str, Any]) -> dict[str, str]:

@@ -6,9 +6,12 @@ plain objects, the way the API server will see them.
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -24,6 +27,22 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 POD_IP = "status.podIP"
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
+# What the kubelet accepts as a variable name from envFrom, and its $(NAME) references.
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
+def expand(value: str, defined: dict[str, str]) -> str:
+    """The kubelet's expansion: ``$(NAME)`` of a variable defined earlier, ``$$`` is ``$``;
+    an unknown reference stays as written."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "$"
+        return defined.get(name, match.group(0))
+
+    return REFERENCE.sub(one, value)
 
 
 def kustomize(kubectl: str, directory: Path) -> str:
@@ -34,6 +53,20 @@ def kustomize(kubectl: str, directory: Path) -> str:
     if done.returncode != 0:
         raise AssertionError(f"kubectl kustomize {directory} failed:\n{done.stderr}")
     return done.stdout
+
+
+def with_components(
+    kubectl: str, workdir: Path, build: str, components: Sequence[str], namespace: str | None
+) -> Build:
+    """``build`` (a directory under deploy/k8s) plus optional components, in order, as a
+    user's own kustomization would add them; ``workdir`` holds that kustomization."""
+    here = workdir / "+".join((build.replace("/", "-"), *components))
+    here.mkdir(parents=True)
+    lines = [f"namespace: {namespace}"] if namespace else []
+    lines += ["resources:", f"  - {os.path.relpath(K8S / build, here)}", "components:"]
+    lines += [f"  - {os.path.relpath(K8S / 'components' / c, here)}" for c in components]
+    (here / "kustomization.yaml").write_text("\n".join(lines) + "\n")
+    return Build.parse("+".join((build, *components)), kustomize(kubectl, here))
 
 
 def selects(selector: Obj, labels: dict[str, str]) -> bool:
@@ -94,6 +127,23 @@ class Build:
         chosen: Obj = found[0]
         return chosen
 
+    def argv(self, container: Obj) -> list[str]:
+        """``command`` + ``args``. A heraldps container must name its command: without one
+        the image's ENTRYPOINT decides, and the GPU workers run another image."""
+        where = f"{self.name}: container {container['name']}"
+        assert "command" in container, f"{where} has no command"
+        return [*container["command"], *container.get("args", [])]
+
+    def mounted_config(self, kind: str, name: str, container: str, path: str) -> str:
+        """The text of the file a container sees at ``path``: a ConfigMap volume's item."""
+        spec = self.get(kind, name)["spec"]["template"]["spec"]
+        mounts = self.container(kind, name, container)["volumeMounts"]
+        folder, file = str(PurePosixPath(path).parent), PurePosixPath(path).name
+        (mount,) = [m for m in mounts if m["mountPath"] == folder]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        (key,) = [i["key"] for i in volume["configMap"]["items"] if i["path"] == file]
+        return self.config(volume["configMap"]["name"])[key]
+
     def config(self, name: str = "heraldps-config") -> dict[str, str]:
         data: dict[str, str] = self.get("ConfigMap", name).get("data") or {}
         return data
@@ -101,12 +151,20 @@ class Build:
     def env(self, container: Obj, fields: dict[str, str] | None = None) -> dict[str, str]:
         """A container's environment as the kubelet would set it.
 
-        ``fields`` gives the downward-API values (``POD_INDEX`` -> "0", ...).
+        ``envFrom`` ConfigMaps first (with their prefix), then ``env`` in order, which
+        wins; ``$(NAME)`` in a value expands to a variable defined before it. ``fields``
+        gives the downward-API values (``POD_INDEX`` -> "0", ...).
         """
         env: dict[str, str] = {}
+        for source in container.get("envFrom") or []:
+            assert "configMapRef" in source, f"{self.name}: unhandled envFrom {source}"
+            prefix = source.get("prefix", "")
+            for key, value in self.config(source["configMapRef"]["name"]).items():
+                if ENV_NAME.fullmatch(prefix + key):  # the kubelet skips invalid names
+                    env[prefix + key] = value
         for var in container.get("env") or []:
             if "value" in var:
-                env[var["name"]] = var["value"]
+                env[var["name"]] = expand(var["value"], env)
                 continue
             source = var["valueFrom"]
             if "configMapKeyRef" in source:
@@ -114,7 +172,10 @@ class Build:
                 env[var["name"]] = self.config(ref["name"])[ref["key"]]
             elif "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
-                assert fields is not None and path in fields, f"no value given for {path}"
+                assert fields is not None and path in fields, (
+                    f"{self.name}: {container['name']} takes {var['name']} from {path}, "
+                    "which the test gives no value (a field of the pod it did not expect)"
+                )
                 env[var["name"]] = fields[path]
             else:
                 raise AssertionError(f"{self.name}: unhandled env source {source}")

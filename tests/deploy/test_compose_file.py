@@ -257,3 +257,16 @@ def test_checkpoints_are_on_a_volume_every_shard_writes() -> None:
         if role(name) == "ps":
             assert folder.is_relative_to(env(name)["HERALDPS_SNAPSHOT_ROOT"]), name
     assert len(volumes) == 1 and volumes <= set(COMPOSE["volumes"])
+
+
+def test_stop_grace_covers_the_drain() -> None:
+    """docker stop waits stop_grace_period (10 s unless set) before SIGKILL; a server's drain
+    (HERALDPS_GRACE_SECONDS, 10 s unless set) plus closing its store must fit, with the same
+    10 s margin the Kubernetes pods keep (tests/deploy/test_k8s.py)."""
+    for name in SERVICES:
+        if role(name) not in SERVERS:
+            continue
+        period = SERVICES[name].get("stop_grace_period", "10s")
+        assert period.endswith("s") and period[:-1].isdigit(), f"{name}: write it in seconds"
+        drain = float(env(name).get("HERALDPS_GRACE_SECONDS", "10"))
+        assert int(period[:-1]) >= drain + 10, f"{name}: stop_grace_period {period}, drain {drain}"

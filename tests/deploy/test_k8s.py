@@ -34,6 +34,7 @@ from tests.deploy.k8s_manifests import (
     kustomize,
     memory_bytes,
     selects,
+    with_components,
 )
 from tests.tools import require_tool
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
@@ -113,15 +114,7 @@ def test_strict_validation_rejects_a_misspelt_field(kubectl: str, tmp_path: Path
 
 def with_component(kubectl: str, tmp_path: Path, *components: str) -> Build:
     """prod plus optional components, in order, as a user's overlay would add them."""
-    name = "+".join(components)
-    here = tmp_path / f"with-{name}"
-    here.mkdir()
-    prod = os.path.relpath(K8S / "overlays" / "prod", here)
-    paths = "".join(f"  - {os.path.relpath(K8S / 'components' / c, here)}\n" for c in components)
-    (here / "kustomization.yaml").write_text(
-        f"namespace: heraldps\nresources:\n  - {prod}\ncomponents:\n{paths}"
-    )
-    return Build.parse(f"prod+{name}", kustomize(kubectl, here))
+    return with_components(kubectl, tmp_path, "overlays/prod", components, namespace="heraldps")
 
 
 def test_monitoring_component(kubectl: str, tmp_path: Path) -> None:
@@ -259,18 +252,11 @@ def rendered_job(build: Build) -> TrainingJob:
 def test_job_mount_holds_the_rendered_job(build: Build) -> None:
     """Workers and the feeder read HERALDPS_JOB from the ConfigMap volume."""
     rendered_job(build)  # loads: every field known, values valid
-    for name in ("heraldps-worker", "heraldps-feed"):
-        pod_spec = build.get("Job", name)["spec"]["template"]["spec"]
-        container = pod_spec["containers"][0]
-        job_path = Path(
-            build.env(container, {COMPLETION_INDEX: "0", POD_IP: "10.0.0.7"})["HERALDPS_JOB"]
-        )
-        mount = next(m for m in container["volumeMounts"]
-                     if Path(m["mountPath"]) == job_path.parent)  # fmt: skip
-        volume = next(v for v in pod_spec["volumes"] if v["name"] == mount["name"])
-        items = {i["path"]: i["key"] for i in volume["configMap"]["items"]}
-        assert items[job_path.name] == "job.json"
-        assert volume["configMap"]["name"] == "heraldps-config"
+    for name, container in (("heraldps-worker", "worker"), ("heraldps-feed", "feed")):
+        fields = {COMPLETION_INDEX: "0", POD_IP: "10.0.0.7"}
+        job_path = build.env(build.container("Job", name, container), fields)["HERALDPS_JOB"]
+        text = build.mounted_config("Job", name, container, job_path)
+        assert text == build.config()["job.json"], name
 
 
 def test_workers_mount_no_data(build: Build) -> None:
@@ -573,13 +559,15 @@ def role_containers(build: Build) -> list[tuple[str, Obj]]:
 
 
 def test_every_heraldps_variable_is_a_flag(build: Build) -> None:
-    """HERALDPS_SOME_FLAG in a pod must be a flag --some-flag of the command it runs."""
+    """HERALDPS_SOME_FLAG in a pod must be a flag --some-flag of the command it runs, or of
+    heraldps itself (--log-level)."""
     commands = subcommands()
+    top = {o for a in build_parser()._actions for o in a.option_strings}
     for role, container in role_containers(build):
         names = [v["name"] for v in container["env"] if v["name"].startswith("HERALDPS_")]
         flags = ["--" + n.removeprefix("HERALDPS_").lower().replace("_", "-") for n in names]
         assert role in commands, f"heraldps has no subcommand {role!r}"
-        known = {o for a in commands[role]._actions for o in a.option_strings}
+        known = top | {o for a in commands[role]._actions for o in a.option_strings}
         for flag in flags:
             assert flag in known, f"heraldps {role} has no flag {flag}"
 
