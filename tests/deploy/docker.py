@@ -136,7 +136,7 @@ class ComposeProject:
             *compose_command(), "-f", str(DEPLOY / "docker-compose.yml"), *self.options
         ]  # fmt: skip
 
-    def run_job(self, *extra: str, timeout: float = 300) -> subprocess.Popen[str]:
+    def run_job(self, *extra: str) -> subprocess.Popen[str]:
         """deploy/run-job.sh for this project, started (its stderr is the report)."""
         return subprocess.Popen(
             ["bash", str(RUN_JOB), *self.options, *extra],
@@ -168,6 +168,17 @@ class ComposeProject:
         ).stdout  # fmt: skip
         state: dict[str, Any] = yaml.safe_load(out)
         return state
+
+    def volume_files(self, volume: str) -> list[str]:
+        """Paths of the files on one of the project's named volumes (read in a throwaway
+        container of our image)."""
+        done = subprocess.run(
+            ["docker", "run", "--rm", "--entrypoint", "find", "-v", f"{self.name}_{volume}:/v:ro",
+             IMAGE, "/v", "-type", "f"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return [line.removeprefix("/v/") for line in done.stdout.split()]
 
     def down(self) -> None:
         subprocess.run(

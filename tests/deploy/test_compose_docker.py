@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,18 +76,29 @@ def committed(ps: PSClient | None) -> tuple[PSClient | None, int | None]:
         return ps, None
 
 
-def run_until(compose: ComposeProject, at: int, action: Any) -> subprocess.Popen[str]:
-    """Start run-job.sh and call ``action()`` once iteration ``at`` is committed."""
-    job = compose.run_job()
+def run_until(
+    compose: ComposeProject,
+    at: int,
+    action: Callable[[], Any],
+    *options: str,
+    prepare: Callable[[], Any] = lambda: None,
+) -> subprocess.Popen[str]:
+    """Start run-job.sh; call ``prepare()`` once the shards answer and ``action()`` once
+    iteration ``at`` is committed (an iteration takes well under a second here)."""
+    job = compose.run_job(*options)
     deadline = time.monotonic() + RUN_SECONDS
     ps: PSClient | None = None
+    prepared = False
     try:
         while job.poll() is None and time.monotonic() < deadline:
             ps, iteration = committed(ps)
+            if iteration is not None and not prepared:
+                prepare()
+                prepared = True
             if iteration is not None and iteration >= at:
                 action()
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
     finally:
         if ps is not None:
             ps.close()
@@ -180,14 +191,24 @@ def test_compose_job_trains_what_local_trains(
 def test_killed_shard_fails_the_run_and_the_rerun_resumes(
     faulty_run: ComposeProject, local_result: tuple[TrainingJob, ModeResult, Any]
 ) -> None:
-    def kill_ps0() -> None:
-        subprocess.run(["docker", "kill", "-s", "KILL", faulty_run.container("ps-0")], check=True)
+    ps0: list[str] = []  # its container, found while the shards start (a kill is then quick)
 
-    job = run_until(faulty_run, 11, kill_ps0)
+    def kill_ps0() -> None:
+        subprocess.run(["docker", "kill", "-s", "KILL", *ps0], check=True, capture_output=True)
+
+    job = run_until(
+        faulty_run, 6, kill_ps0, "--stop", prepare=lambda: ps0.append(faulty_run.container("ps-0"))
+    )
     code, report = finish(faulty_run, job)
     assert code != 0, report
+    assert "stopping the cluster (volumes kept)" in report, report
     assert faulty_run.state("ps-0")["ExitCode"] == 137
-    assert "aborted" in faulty_run.logs("scheduler")
+    assert "run aborted" in faulty_run.logs("scheduler")
+    assert not faulty_run.state("ps-1")["Running"]  # --stop stopped it, the volume stays:
+    kept = faulty_run.volume_files("ps-1-data")
+    assert "lmdb/shard-00001-of-00002/data.mdb" in kept, kept
+    manifests = [f for f in faulty_run.volume_files("snapshots") if f.endswith("/manifest.json")]
+    assert manifests, "no checkpoint on the snapshots volume"
 
     again = faulty_run.run_job()
     code, report = finish(faulty_run, again)
