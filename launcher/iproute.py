@@ -21,7 +21,8 @@ class NetworkError(HeraldError):
 
 
 def run(*argv: str) -> str:
-    """Run ``argv`` (``ip ...`` or ``tc ...``); its stdout, or NetworkError."""
+    """Run ``argv`` (``ip ...``, ``tc ...``, or ``iptables ...`` for launcher.firewall); its
+    stdout, or NetworkError."""
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS, check=False

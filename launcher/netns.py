@@ -37,7 +37,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from heraldps.errors import InvalidArgument
-from launcher import iproute
+from launcher import firewall, iproute
 from launcher.iproute import NetworkError
 from launcher.lifeline import interrupt
 
@@ -205,6 +205,7 @@ class ClusterNetwork:
             hosts = subnet.hosts()
             self.bridge_host = str(next(hosts))
             iproute.add_bridge(self.bridge, f"{self.bridge_host}/{subnet.prefixlen}")
+            firewall.accept_bridge(self.bridge)
         for index, (name, mbit) in enumerate(self.links.items()):
             namespace = f"{NAMESPACE_PREFIX}{self.owner}-{name}"
             host, host_end = str(next(hosts)), f"{LINK_PREFIX}{self.owner}v{index}"
@@ -283,6 +284,7 @@ def remove_network(owner: int) -> bool:
     """Kill what still runs in launcher ``owner``'s namespaces and remove its namespaces,
     veths and bridge; True if anything was there. Tolerates a concurrent remover."""
     namespaces, links = owned(owner)
+    firewall.remove_bridge(f"{LINK_PREFIX}{owner}b")  # also a rule whose bridge is gone
     if not namespaces and not links:
         return False
     pids = [p for n in namespaces for p in iproute.namespace_pids(n) if p != os.getpid()]

@@ -8,6 +8,7 @@ cluster on it: tests/e2e/test_local_network.py.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -123,3 +124,32 @@ def test_a_start_removes_the_networks_of_dead_launchers_only(dead_pid: int) -> N
         iproute.delete_namespace(f"heraldps-{mine}-alive")
         for name in leftovers(dead_pid):
             subprocess.run(["ip", "link", "delete", name], check=False)
+
+
+def forward_rules() -> list[str]:
+    done = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_bridge_forwards_when_the_host_firewall_drops_forwarding() -> None:
+    """Docker loads br_netfilter and sets FORWARD's policy to DROP: bridged frames between two
+    namespaces then meet the host's iptables. Our bridge's own ACCEPT rule carries them (a
+    transfer used to hang until its timeout), and the rule goes with the network."""
+    bridged = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+    if shutil.which("iptables") is None or not os.path.exists(bridged):
+        pytest.skip("needs iptables and br_netfilter (modprobe br_netfilter; Docker loads it)")
+    with open(bridged) as flag:
+        if flag.read().strip() != "1":
+            pytest.skip("br_netfilter does not pass bridged frames to iptables here")
+    policy = next(r for r in forward_rules() if r.startswith("-P FORWARD")).split()[-1]
+    subprocess.run(["iptables", "-w", "-P", "FORWARD", "DROP"], check=True)
+    try:
+        with ClusterNetwork({"a": 200.0, "b": 200.0}) as network:
+            assert mbit_per_second(network, "a", "b", mib=1) > 0
+            bridge = network.bridge
+            assert f"-A FORWARD -i {bridge} -o {bridge} -j ACCEPT" in forward_rules()
+        assert not [r for r in forward_rules() if bridge in r]
+    finally:
+        subprocess.run(["iptables", "-w", "-P", "FORWARD", policy], check=True)
+    assert not leftovers(os.getpid())
