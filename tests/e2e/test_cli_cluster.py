@@ -140,6 +140,9 @@ def test_bad_flags_exit_with_a_message(tmp_path: Path) -> None:
     assert "--shard-index must be in 0..1" in out.stderr
 
 
+# examples/quickstart.sh binds 127.0.0.1:7001/7002 (and 9101/9102), as the compose tests' published
+# ports do: under `-n 2 --dist loadgroup` tests of this group run one after another.
+@pytest.mark.xdist_group("host-ports")
 def test_quickstart_example_runs(start_cluster: object) -> None:
     shards, ps = start_cluster(2)  # type: ignore[operator]
     ps.close()

@@ -29,7 +29,7 @@ def test_the_set_up_commands_are_the_two_ci_runs() -> None:
     assert quick_start(README) == [
         "python3 -m venv .venv && . .venv/bin/activate && pip install . && heraldps local",
         "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]' "
-        "&& .venv/bin/python -m pytest -q -n 2",
+        "&& .venv/bin/python -m pytest -q -n 2 --dist loadgroup",
     ]
     ci = (ROOT / ".ci" / "run").read_text()
     for step in ("quickstart 1", "quickstart 2", "run-others"):
