@@ -52,14 +52,19 @@ say "training: waiting for the feed (logs: ${compose[*]} logs -f feed)"
 status=$(docker wait "$feed")
 say "feed exited $status"
 
-# The workers exit once the last plans are done; give them as long as the feed waits per RPC.
+# The workers exit once the last plans are done: give them as long as the feed waits per
+# RPC, or 30 s when the feed failed (an aborted run ends them too; one still running then is
+# reported, not waited for).
+patience=300
+[[ $status == 0 ]] || patience=30
 for service in $("${compose[@]}" config --services | grep '^worker-' || true); do
   id=$(container "$service")
   [[ -n $id ]] || continue
-  code=$(timeout 300 docker wait "$id" || echo timeout)
-  say "$service exited $code"
-  if [[ $code == timeout ]]; then
+  if code=$(timeout "$patience" docker wait "$id"); then
+    say "$service exited $code"
+  else
     code=124
+    say "$service still runs after ${patience} s"
   fi
   if [[ $status == 0 && $code != 0 ]]; then
     status=$code

@@ -42,6 +42,10 @@ from tests.deploy.docker import (
 from tests.deploy.observability import PROMETHEUS_CONFIG, dashboard_expressions, load_yaml
 from worker_client.job import TrainingJob
 
+# Compose publishes fixed host ports (7001, 7002, 7100, 9090, 3000): these tests run on one
+# pytest-xdist process, one after another, with the other tests that bind such ports.
+pytestmark = pytest.mark.xdist_group("host-ports")
+
 JOB = DEPLOY / "job.json"
 SHARDS = ["127.0.0.1:7001", "127.0.0.1:7002"]  # ps-0 and ps-1 as compose publishes them
 PROMETHEUS = "http://127.0.0.1:9090"
