@@ -73,3 +73,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class XdistGroups:
+    """Fails the run when ``--dist loadgroup`` did not group: the tests that bind fixed host
+    ports (``xdist_group("host-ports")``) would then run at once and collide. pytest 9.2
+    broke the grouping silently (pytest-xdist#1386); pyproject pins pytest below it."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        if not getattr(config.option, "loadgroup", False):
+            return
+        ungrouped = [
+            i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid
+        ]
+        if ungrouped:
+            raise pytest.UsageError(
+                f"pytest-xdist did not group {ungrouped[:3]} (--dist loadgroup): these tests "
+                "bind fixed host ports and must not run at once. Install the pytest version "
+                "pyproject.toml's dev extra allows, or run serially with -p no:xdist"
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", "no") == "loadgroup" and _version(pytest.__version__) >= (9, 2):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} breaks pytest-xdist's --dist loadgroup "
+            "(pytest-xdist#1386), which keeps the tests that bind fixed host ports apart: "
+            "install the dev extra again (pip install -e '.[dev]' pins pytest<9.2), or run "
+            "serially with -p no:xdist"
+        )
+    config.pluginmanager.register(XdistGroups(), "heraldps-xdist-groups")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
