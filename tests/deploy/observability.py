@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,20 @@ class Expression:
     where: str  # e.g. "dashboard panel 'Samples/s' A" or "rule HeraldPSShardDown"
     promql: str
     alert: bool = False
+
+
+def prometheus_api(base_url: str, path: str, **params: str) -> Any:
+    """``data`` of one call of Prometheus' HTTP API (``/api/v1/<path>``); a failed call
+    raises AssertionError with Prometheus' error."""
+    url = f"{base_url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            body = json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        body = json.loads(err.read())
+    if body["status"] != "success":
+        raise AssertionError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
+    return body["data"]
 
 
 def load_yaml(path: Path) -> Any:

@@ -15,12 +15,8 @@ Skipped without a Docker engine (CI runs tools/docker_ready.sh first, so there i
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +35,12 @@ from tests.deploy.docker import (
     engine_or_skip,
     project,
 )
-from tests.deploy.observability import PROMETHEUS_CONFIG, dashboard_expressions, load_yaml
+from tests.deploy.observability import (
+    PROMETHEUS_CONFIG,
+    dashboard_expressions,
+    load_yaml,
+    prometheus_api,
+)
 from worker_client.job import TrainingJob
 
 # Compose publishes fixed host ports (7001, 7002, 7100, 9090, 3000): these tests run on one
@@ -133,14 +134,7 @@ def assert_local_model(job: TrainingJob, result: ModeResult, eval_data: Any) -> 
 
 
 def prometheus(path: str, **params: str) -> Any:
-    url = f"{PROMETHEUS}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            body = json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        body = json.loads(err.read())
-    assert body["status"] == "success", f"{path} {params}: {body.get('error')}"
-    return body["data"]
+    return prometheus_api(PROMETHEUS, path, **params)
 
 
 def scrape_targets() -> set[str]:

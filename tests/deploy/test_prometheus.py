@@ -13,7 +13,6 @@ itself must raise HeraldPSShardDown for it, and nothing else.
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import time
@@ -48,6 +47,7 @@ from tests.deploy.observability import (
     comparisons_as_bool,
     dashboard_expressions,
     load_yaml,
+    prometheus_api,
     rule_expressions,
 )
 from tests.tools import require_tool
@@ -97,15 +97,7 @@ class Prometheus:
             return False
 
     def api(self, path: str, **params: str) -> Any:
-        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as reply:
-                body = json.loads(reply.read())
-        except urllib.error.HTTPError as err:
-            body = json.loads(err.read())
-        if body["status"] != "success":
-            raise AssertionError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]
+        return prometheus_api(self.url, path, **params)
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         data = self.api("query", query=promql)
