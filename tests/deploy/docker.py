@@ -9,10 +9,9 @@ scrape jobs unchanged but a 1 s interval, and Grafana is left out (a profile nob
 
 from __future__ import annotations
 
-import os
+import json
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.observability import PROMETHEUS_CONFIG, load_yaml
+from tests.deploy.compose import DEPLOY, REPO
+from tests.deploy.observability import scraping_every
+from tests.tools import missing, require_tool
 
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
 RUN_JOB = DEPLOY / "run-job.sh"
 READY = "import urllib.request as u; u.urlopen('http://127.0.0.1:9090/-/ready', timeout=4)"
 IMAGE = "heraldps:latest"  # what deploy/docker-compose.yml runs
@@ -37,16 +36,11 @@ HINT = (
 def engine_or_skip() -> None:
     """Skip (fail under CI) when no Docker engine answers."""
     docker = shutil.which("docker")
-    ok = (
-        docker is not None
-        and subprocess.run([docker, "info"], capture_output=True, timeout=60).returncode == 0
-    )
-    if ok:
-        return
-    message = f"no Docker engine answers `docker info`: {HINT}"
-    if os.environ.get("HERALDPS_REQUIRE_TOOLS") == "1":
-        pytest.fail(message + " (HERALDPS_REQUIRE_TOOLS=1: CI must provide it)")
-    pytest.skip(message)
+    if (
+        docker is None
+        or subprocess.run([docker, "info"], capture_output=True, timeout=60).returncode
+    ):
+        missing(f"no Docker engine answers `docker info`: {HINT}")
 
 
 def compose_command() -> list[str]:
@@ -59,33 +53,28 @@ def compose_command() -> list[str]:
     return [path]
 
 
-def build_image() -> float:
-    """Build deploy/Dockerfile as heraldps:latest FROM the base tools/docker_ready.sh names;
-    returns the seconds it took."""
+def build_image() -> None:
+    """Build deploy/Dockerfile as heraldps:latest FROM the base tools/docker_ready.sh names."""
     ready = subprocess.run(
         ["bash", str(REPO / "tools" / "docker_ready.sh")],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert ready.returncode == 0, ready.stderr
     base = ready.stdout.strip().splitlines()[-1]
-    began = time.monotonic()
     build = subprocess.run(
         ["docker", "build", "-q", "--build-arg", f"PYTHON_IMAGE={base}",
          "-f", str(DEPLOY / "Dockerfile"), "-t", IMAGE, str(REPO)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert build.returncode == 0, f"docker build failed:\n{build.stdout}\n{build.stderr}"
-    return time.monotonic() - began
 
 
 def ci_prometheus_config(workdir: Path) -> Path:
-    """deploy/prometheus/prometheus.yml with its scrape jobs as they are, scraping every second
-    (a run lasts seconds) and loading the real rules from the mounted deploy/prometheus."""
-    config: dict[str, Any] = load_yaml(PROMETHEUS_CONFIG)
-    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
-    config["rule_files"] = ["/etc/prometheus/rules.yml"]
+    """A folder with deploy/prometheus/prometheus.yml scraping every second, its rules read
+    from the mounted deploy/prometheus."""
     folder = workdir / "prometheus-ci"
     folder.mkdir()
+    config = scraping_every("1s", "/etc/prometheus/rules.yml")
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
     return folder
 
@@ -93,9 +82,7 @@ def ci_prometheus_config(workdir: Path) -> Path:
 def ci_override(workdir: Path, environment: dict[str, dict[str, str]] | None = None) -> Path:
     """A compose file added after deploy/docker-compose.yml: Prometheus from Debian's binary,
     Grafana off, and ``environment`` ({service: {VAR: value}}) merged into services."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus not found: apt-get install prometheus")
+    binary = require_tool("prometheus", "apt-get install prometheus (Debian's package)")
     override: dict[str, Any] = {
         "services": {
             "prometheus": {
@@ -126,8 +113,8 @@ def ci_override(workdir: Path, environment: dict[str, dict[str, str]] | None = N
 
 
 class ComposeProject:
-    """One compose project of deploy/docker-compose.yml plus an override, torn down with
-    ``down -v`` when closed (its containers, network and volumes)."""
+    """One compose project of deploy/docker-compose.yml plus an override, under a name of its
+    own; ``down`` removes its containers, network and volumes (:func:`project` calls it)."""
 
     def __init__(self, override: Path) -> None:
         self.name = f"heraldps-ci-{uuid.uuid4().hex[:8]}"
@@ -166,7 +153,7 @@ class ComposeProject:
             ["docker", "inspect", "-f", "{{json .State}}", self.container(service)],
             capture_output=True, text=True, timeout=30, check=True,
         ).stdout  # fmt: skip
-        state: dict[str, Any] = yaml.safe_load(out)
+        state: dict[str, Any] = json.loads(out)
         return state
 
     def volume_files(self, volume: str) -> list[str]:

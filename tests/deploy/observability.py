@@ -49,6 +49,27 @@ def prometheus_api(base_url: str, path: str, **params: str) -> Any:
     return body["data"]
 
 
+def scrape_targets() -> set[str]:
+    """Every target of deploy/prometheus/prometheus.yml, as written (``ps-0:9100``, ...)."""
+    return {
+        target
+        for job in load_yaml(PROMETHEUS_CONFIG)["scrape_configs"]
+        for group in job.get("static_configs", [])
+        for target in group["targets"]
+    }
+
+
+def scraping_every(interval: str, rule_file: str) -> dict[str, Any]:
+    """deploy/prometheus/prometheus.yml scraping and evaluating every ``interval`` (a test's
+    run lasts seconds) with its rules read from ``rule_file``; scrape jobs as they are."""
+    config: dict[str, Any] = load_yaml(PROMETHEUS_CONFIG)
+    config["global"].update(
+        scrape_interval=interval, scrape_timeout=interval, evaluation_interval=interval
+    )
+    config["rule_files"] = [rule_file]
+    return config
+
+
 def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 

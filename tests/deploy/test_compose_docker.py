@@ -35,12 +35,7 @@ from tests.deploy.docker import (
     engine_or_skip,
     project,
 )
-from tests.deploy.observability import (
-    PROMETHEUS_CONFIG,
-    dashboard_expressions,
-    load_yaml,
-    prometheus_api,
-)
+from tests.deploy.observability import dashboard_expressions, prometheus_api, scrape_targets
 from worker_client.job import TrainingJob
 
 # Compose publishes fixed host ports (7001, 7002, 7100, 9090, 3000): these tests run on one
@@ -135,16 +130,6 @@ def assert_local_model(job: TrainingJob, result: ModeResult, eval_data: Any) -> 
 
 def prometheus(path: str, **params: str) -> Any:
     return prometheus_api(PROMETHEUS, path, **params)
-
-
-def scrape_targets() -> set[str]:
-    config = load_yaml(PROMETHEUS_CONFIG)
-    return {
-        target
-        for job in config["scrape_configs"]
-        for group in job["static_configs"]
-        for target in group["targets"]
-    }
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.deploy.compose import (
     load_compose,
     mounts,
 )
+from tests.deploy.observability import scrape_targets
 from tests.tools import require_tool
 from worker_client.job import TrainingJob
 
@@ -209,13 +210,7 @@ def test_dependencies_and_restarts() -> None:
 
 def test_prometheus_scrapes_every_heraldps_process() -> None:
     """deploy/prometheus/prometheus.yml (the obs part's file) targets the services' /metrics."""
-    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    targets = {
-        target
-        for job in config["scrape_configs"]
-        for static in job.get("static_configs", [])
-        for target in static["targets"]
-    }
+    targets = scrape_targets()
     for target in targets:
         host, port = target.rsplit(":", 1)
         assert host in SERVICES and env(host)["HERALDPS_METRICS_PORT"] == port, target

@@ -42,13 +42,13 @@ from launcher.cluster import (
 )
 from scheduler_service.simulate import cache_rows_for
 from tests.deploy.observability import (
-    PROMETHEUS_CONFIG,
     RULES,
     comparisons_as_bool,
     dashboard_expressions,
     load_yaml,
     prometheus_api,
     rule_expressions,
+    scraping_every,
 )
 from tests.tools import require_tool
 from worker_client.job import TrainingJob
@@ -132,11 +132,7 @@ def local_config(targets: dict[str, int]) -> dict[str, Any]:
     127.0.0.1 port (``instance`` keeps the compose name), a 1 s scrape and evaluation
     interval, and the real rules.yml. This test feeds batches itself, so the feeder's
     target is left out (tests/deploy/test_compose_docker.py scrapes a real feed)."""
-    config = load_yaml(PROMETHEUS_CONFIG)
-    config["global"].update(
-        scrape_interval=SCRAPE, scrape_timeout=SCRAPE, evaluation_interval=SCRAPE
-    )
-    config["rule_files"] = [str(RULES)]
+    config = scraping_every(SCRAPE, str(RULES))
     for job in config["scrape_configs"]:
         static = []
         for group in job["static_configs"]:
