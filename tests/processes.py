@@ -1,9 +1,10 @@
 """``heraldps`` subcommands as real subprocesses for cluster tests: start one with its log
-in the test's folder, read the port it bound from its port file."""
+in the test's folder, read the port it bound from its port file, stop them all."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,3 +33,15 @@ def port(path: Path, proc: subprocess.Popen[bytes], workdir: Path, name: str) ->
             raise RuntimeError((workdir / f"{name}.log").read_text())
         time.sleep(0.05)
     return int(path.read_text().split()[0])
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process still running, then wait up to 30 s for each; kill a laggard."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

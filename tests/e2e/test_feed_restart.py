@@ -21,7 +21,7 @@ import numpy as np
 from heraldps.client import PSClient
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.local import read_model
-from tests.processes import port, start
+from tests.processes import port, start, stop_all
 from worker_client.job import TrainingJob
 from worker_client.reference import ReferenceTrainer
 
@@ -95,11 +95,4 @@ def test_a_killed_feed_restarts_and_the_model_is_exact(tmp_path: Path) -> None:
             model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6
         )
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)

@@ -5,7 +5,6 @@ them, over TLS too) and the feed; the run commits every iteration."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from heraldps.client import PSClient
 from heraldps.security import ClientSecurity
 from heraldps.tls import TlsFiles
 from tests.certs import make_pki
-from tests.processes import heraldps, port, start
+from tests.processes import heraldps, port, start, stop_all
 from worker_client.job import TrainingJob
 
 ITERATIONS = 4
@@ -83,11 +82,4 @@ def test_cluster_trains_over_mutual_tls_with_tokens(tmp_path: Path) -> None:
             assert client.save("final") > 0
         assert (tmp_path / "snaps" / "final").is_dir()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
