@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from bench_local import datasets  # run as a script, this folder is on the path
 
-from heraldps.datasets import SparseDataset
+from heraldps.data import SparseDataset
 from heraldps.modes import HET_MODE
 from launcher.local import ModeResult, run_mode
 from scheduler_service.simulate import cache_rows_for

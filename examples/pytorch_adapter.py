@@ -31,7 +31,7 @@ from torch import nn
 
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
-from heraldps.datasets import SparseDataset, read_dataset
+from heraldps.data import DataSpec, SparseDataset, read_all
 from heraldps.init import Normal
 from heraldps.optim import SGD
 
@@ -88,7 +88,7 @@ class Batch:
 
 def to_batch(data: SparseDataset) -> Batch:
     if data.fields is None:
-        raise ValueError("the dataset has no field positions; read it with read_dataset")
+        raise ValueError("the dataset has no field positions; read it with heraldps.data.read_all")
     counts = np.diff(data.offsets)
     sample = np.repeat(np.arange(data.rows, dtype=np.int64), counts)
     return Batch(
@@ -194,8 +194,8 @@ def held_out_loss(ps: PSClient, table: str, head: CTRHead, data: SparseDataset) 
 
 
 def run(args: argparse.Namespace, addresses: list[str]) -> int:
-    data = read_dataset(args.data, "criteo")
-    test = read_dataset(args.test_data, "criteo")
+    data = read_all(DataSpec(args.data, "criteo"))
+    test = read_all(DataSpec(args.test_data, "criteo"))
     torch.manual_seed(args.seed)
     head = CTRHead(len(data.sparse_columns), len(data.dense_columns), args.dim)
     with PSClient(addresses) as ps:

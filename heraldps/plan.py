@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps import wire
-from heraldps.datasets import SparseDataset
+from heraldps.data.dataset import SparseDataset
 from heraldps.samples import decode_samples, encode_samples
 from heraldps.v1 import scheduler_pb2
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from heraldps import wire
-from heraldps.datasets import SparseDataset
+from heraldps.data.dataset import SparseDataset
 from heraldps.errors import InvalidArgument
 from heraldps.v1 import types_pb2
 
@@ -23,7 +23,7 @@ def encode_samples(samples: SparseDataset) -> types_pb2.SampleBlock:
     if samples.fields is None:
         raise InvalidArgument(
             "the samples do not record each key's field; read them with "
-            "heraldps.datasets.read_dataset"
+            "heraldps.data (stream or read_all)"
         )
     return types_pb2.SampleBlock(
         sparse_columns=samples.sparse_columns,

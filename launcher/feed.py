@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from heraldps.client import PSClient
-from heraldps.datasets import SparseDataset
+from heraldps.data import SparseDataset
 from heraldps.errors import Aborted, AlreadyExists, HeraldError, ResourceExhausted, error_from_rpc
 from heraldps.healthcheck import wait_serving
 from heraldps.samples import encode_samples
@@ -33,7 +34,7 @@ from heraldps.security import ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.job import TrainingJob
-from worker_client.minibatch import global_batches
+from worker_client.minibatch import StreamedBatches
 
 log = logging.getLogger(__name__)
 
@@ -61,23 +62,26 @@ class FeedConfig:
 
 def submit_batches(
     stub: scheduler_pb2_grpc.SchedulerStub,
-    batches: list[SparseDataset],
+    batches: Iterable[SparseDataset],
     *,
     start: int = 0,
     stop: threading.Event | None = None,
     patience: float | None = None,
     timeout: float = 60.0,
+    on_submitted: Callable[[int], None] | None = None,
 ) -> bool:
-    """Submit ``batches[start:]`` in order, whole samples each, then Finish; False if
-    ``stop`` was set first.
+    """Submit ``batches`` (iterations ``start``, ``start + 1``, ...) in order, whole samples
+    each, then Finish; False if ``stop`` was set first.
+
+    ``batches`` is consumed one batch at a time, so a streamed run holds only the batch
+    being sent (the scheduler's backlog bounds how far the feeder runs ahead).
 
     While the scheduler's backlog is full (``RESOURCE_EXHAUSTED``) the batch is
     retried once the scheduler committed another iteration (watched with the small
     ``GetStatus``, so a refused batch is not resent every few milliseconds over the
     scheduler's link); after ``patience`` seconds without an accepted batch, FeedError.
     """
-    for t in range(start, len(batches)):
-        batch = batches[t]
+    for t, batch in enumerate(batches, start=start):
         request = scheduler_pb2.SubmitBatchRequest(iteration=t, batch=encode_samples(batch))
         waiting_since = time.monotonic()
         while True:
@@ -100,6 +104,8 @@ def submit_batches(
                         f"stays full at iteration {t}): are the workers running? see their logs"
                     )
                 time.sleep(0.01)
+        if on_submitted is not None:
+            on_submitted(t)
     if stop is not None and stop.is_set():
         return False
     stub.Finish(scheduler_pb2.FinishRequest(), timeout=timeout)
@@ -133,8 +139,7 @@ def run_feed(config: FeedConfig) -> None:
     if not config.ps:
         raise FeedError("--ps needs the PS shard addresses, comma-separated, in shard order")
     job = TrainingJob.load(config.job)
-    dataset = job.read()
-    batches = global_batches(dataset, job.global_batch, job.iterations, job.epochs)
+    batches = job_batches(job)
     metrics = FeedMetrics()
     metrics.batches.set(len(batches))
     if config.metrics_port is not None:
@@ -157,10 +162,24 @@ def run_feed(config: FeedConfig) -> None:
         start = int(status.next_batch_iteration)
         if not status.finished:
             log.info("submitting batches %d..%d of %d", start, len(batches) - 1, len(batches))
-            submit_batches(stub, batches, start=start, patience=timeout, timeout=timeout)
+            submit_batches(stub, batches.iter_from(start), start=start, patience=timeout,
+                           timeout=timeout, on_submitted=lambda t: metrics.submitted.set(t + 1))  # fmt: skip
         metrics.submitted.set(len(batches))
         _wait_committed(stub, len(batches) - 1, timeout, metrics)
     log.info("all %d iterations committed", len(batches))
+
+
+def job_batches(job: TrainingJob) -> StreamedBatches:
+    """The job's global batches, streamed; its rows are counted by a first pass unless the
+    job records them (``heraldps local`` and ``heraldps train`` write ``train_rows``)."""
+    spec = job.data_spec()
+    rows = job.train_rows
+    if rows is None:
+        from heraldps.data import scan
+
+        log.info("counting the rows of %s (a first pass; the job has no train_rows)", job.data)
+        rows = scan(spec).rows
+    return StreamedBatches(spec, rows, job.global_batch, job.iterations, job.epochs)
 
 
 def _check_cluster(

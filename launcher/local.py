@@ -29,7 +29,8 @@ import numpy.typing as npt
 
 from heraldps import checkpoints
 from heraldps.client import PSClient
-from heraldps.datasets import SparseDataset
+from heraldps.data import DataSpec, SparseDataset, stream
+from heraldps.data.distinct import distinct_keys as distinct_keys_of
 from heraldps.errors import HeraldError
 from heraldps.modes import HET_MODE
 from heraldps.serving import channel_options
@@ -51,7 +52,7 @@ from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
 from launcher.netns import ClusterNetwork
 from worker_client.evaluation import auc, logloss
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
-from worker_client.minibatch import global_batches, select
+from worker_client.minibatch import GlobalBatches, InMemoryBatches, select
 from worker_client.timing import PHASES, network_share
 
 
@@ -142,7 +143,7 @@ def _ps_counts(shards: list[ManagedProcess]) -> dict[str, int]:
 
 def _feed(
     address: str,
-    batches: list[SparseDataset],
+    batches: GlobalBatches,
     stop: threading.Event,
     compress: bool = False,
     start: int = 0,
@@ -154,18 +155,42 @@ def _feed(
         address, options=channel_options(MAX_MESSAGE_BYTES), compression=compression
     ) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        submit_batches(stub, batches, start=start, stop=stop)
+        submit_batches(stub, batches.iter_from(start), start=start, stop=stop)
 
 
-def evaluate(job: TrainingJob, eval_data: SparseDataset, ps: PSClient) -> tuple[float, float]:
-    """AUC and logloss of the PS's current model on ``eval_data``."""
+EVAL_CHUNK_ROWS = 65_536
+
+
+def evaluate(
+    job: TrainingJob, eval_data: SparseDataset | DataSpec, ps: PSClient
+) -> tuple[float, float]:
+    """AUC and logloss of the PS's current model on ``eval_data``, read in chunks (a
+    ``DataSpec`` is streamed: only the predictions and labels are kept, 8 bytes a row)."""
     model = job.model()
     dense = ps.pull_dense(job.dense_parameter(model.dense_size))
-    mb = select(eval_data)
-    emb, _ = ps.pull(EMBEDDING_TABLE, mb.keys)
-    probabilities = np.asarray(model.predict(dense, emb, mb.field_rows, mb.dense))
-    labels = np.asarray(mb.labels)
-    return auc(labels, probabilities), logloss(labels, probabilities)
+    chunks = (
+        stream(eval_data, EVAL_CHUNK_ROWS)
+        if isinstance(eval_data, DataSpec)
+        else (eval_data.row_slice(i, min(i + EVAL_CHUNK_ROWS, eval_data.rows))
+              for i in range(0, eval_data.rows, EVAL_CHUNK_ROWS))
+    )  # fmt: skip
+    probabilities, labels = [], []
+    for chunk in chunks:
+        mb = select(chunk)
+        emb, _ = ps.pull(EMBEDDING_TABLE, mb.keys)
+        probabilities.append(np.asarray(model.predict(dense, emb, mb.field_rows, mb.dense)))
+        labels.append(np.asarray(mb.labels))
+    if not labels:
+        return float("nan"), float("nan")
+    p, y = np.concatenate(probabilities), np.concatenate(labels)
+    return auc(y, p), logloss(y, p)
+
+
+def distinct_keys(train: GlobalBatches) -> npt.NDArray[np.int64]:
+    """The sorted distinct keys of the training data (streamed: chunk by chunk)."""
+    if isinstance(train, InMemoryBatches):
+        return np.unique(train.dataset.keys)
+    return distinct_keys_of(chunk.keys for chunk in stream(train.spec, EVAL_CHUNK_ROWS))
 
 
 def read_model(
@@ -216,8 +241,8 @@ def run_mode(
     job: TrainingJob,
     mode: str,
     shards: int,
-    train: SparseDataset,
-    eval_data: SparseDataset | None,
+    train: SparseDataset | GlobalBatches,
+    eval_data: SparseDataset | DataSpec | None,
     workdir: Path,
     progress: Progress | None = None,
     keep_model: bool = False,
@@ -233,7 +258,11 @@ def run_mode(
     host cache per table. With ``network`` every process runs in its namespace there."""
     recovery = recovery or Recovery()
     workdir.mkdir(parents=True, exist_ok=True)
-    batches = global_batches(train, job.global_batch, job.iterations, job.epochs)
+    batches = (
+        InMemoryBatches(train, job.global_batch, job.iterations, job.epochs)
+        if isinstance(train, SparseDataset)
+        else train
+    )
     job_path = workdir / "job.json"
     job_path.write_text(job.to_json())
     # Absolute: the scheduler hands it to the shards, which resolve it on their own.
@@ -248,7 +277,7 @@ def run_mode(
                                network, recovery, checkpoint_dir, attempt)  # fmt: skip
         error: ClusterError | None = None
         try:
-            result = attempt_run.train(train, eval_data, progress, keep_model)
+            result = attempt_run.train(eval_data, progress, keep_model)
         except ClusterError as exc:
             error = exc
         if restarts:  # this attempt resumed after the previous one failed
@@ -283,7 +312,7 @@ class _Attempt:
         job: TrainingJob,
         mode: str,
         shards: int,
-        batches: list[SparseDataset],
+        batches: GlobalBatches,
         workdir: Path,
         job_path: Path,
         store: str,
@@ -319,8 +348,7 @@ class _Attempt:
 
     def train(
         self,
-        train: SparseDataset,
-        eval_data: SparseDataset | None,
+        eval_data: SparseDataset | DataSpec | None,
         progress: Progress | None,
         keep_model: bool,
     ) -> ModeResult:
@@ -392,7 +420,7 @@ class _Attempt:
             if eval_data is not None:
                 auc_value, logloss_value = evaluate(job, eval_data, ps)
             dense_size = job.model().dense_size
-            kept = read_model(job, ps, np.unique(train.keys), dense_size) if keep_model else {}
+            kept = read_model(job, ps, distinct_keys(batches), dense_size) if keep_model else {}
             ps.close()
             return ModeResult(
                 mode=mode,
@@ -567,8 +595,8 @@ def run_local(
     job: TrainingJob,
     modes: list[str],
     shards: int,
-    train: SparseDataset,
-    eval_data: SparseDataset | None,
+    train: SparseDataset | GlobalBatches,
+    eval_data: SparseDataset | DataSpec | None,
     workdir: Path | None = None,
     progress: Progress | None = None,
     store: str = "staged",

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from heraldps import bundled
-from heraldps.datasets import SparseDataset
+from heraldps.data import SparseDataset
+from heraldps.data.global_batches import GlobalBatches, InMemoryBatches, StreamedBatches
 from heraldps.errors import CacheTooSmall, InvalidArgument
 from heraldps.modes import LOCATION_AWARE_MODES
 
@@ -33,57 +35,69 @@ def check_columns(data: str, format: str, sparse_columns: tuple[str, ...] | None
     )
 
 
-def check_batches(dataset: SparseDataset, workers: int, batch_size_per_worker: int) -> None:
+def check_batches(rows: int, workers: int, batch_size_per_worker: int) -> None:
     """At least one whole global batch: a partial one is never trained."""
     batch = workers * batch_size_per_worker
-    if dataset.rows < batch:
+    if rows < batch:
         raise InvalidArgument(
-            f"the data has {dataset.rows:,} rows, fewer than one global batch of {batch:,} "
+            f"the data has {rows:,} rows, fewer than one global batch of {batch:,} "
             f"(--workers {workers} x --batch-size-per-worker {batch_size_per_worker}); lower "
             "either"
         )
 
 
 def check_cache(
-    dataset: SparseDataset,
+    data: SparseDataset | GlobalBatches,
     workers: int,
     batch_size_per_worker: int,
     cache_rows: int,
     iterations: int | None,
     modes: Iterable[str],
     epochs: int = 1,
+    distinct_keys: int | None = None,
 ) -> None:
     """Every worker's mini-batch must fit its cache, in every mode that will run.
 
     The sequential partition (naive, on_demand, het) is checked from the data alone;
     location-aware assignment depends on the caches, so every batch of every epoch of
     those modes is planned once with the real scheduler core (what ``heraldps simulate``
-    does), without a cluster.
+    does), without a cluster: one read of the data for all of them. Streamed batches
+    (``StreamedBatches``) carry their own passes and cap; ``distinct_keys`` then comes
+    from the first pass, for the message.
     """
-    from scheduler_service.simulate import largest_mini_batch, plan_all
+    from scheduler_service.simulate import largest_mini_batch, plan_modes
 
-    check_batches(dataset, workers, batch_size_per_worker)
-    needed = largest_mini_batch(dataset, workers, batch_size_per_worker, iterations)
+    if isinstance(data, SparseDataset):
+        rows, distinct = data.rows, data.distinct_keys()
+        one_pass: GlobalBatches = InMemoryBatches(
+            data, workers * batch_size_per_worker, iterations
+        )
+        every_pass: GlobalBatches = InMemoryBatches(
+            data, workers * batch_size_per_worker, iterations, epochs
+        )
+    else:
+        assert isinstance(data, StreamedBatches)
+        rows, distinct = data.rows, int(distinct_keys or 0)
+        one_pass, every_pass = replace(data, epochs=1), data
+    check_batches(rows, workers, batch_size_per_worker)
+    needed = largest_mini_batch(one_pass, workers, batch_size_per_worker, iterations)
     if needed > cache_rows:
-        raise cache_error(dataset, needed, cache_rows, "")
-    for mode in modes:
-        if mode in LOCATION_AWARE_MODES:
-            try:
-                plan_all(dataset, workers, batch_size_per_worker, cache_rows, mode, iterations,
-                         epochs)  # fmt: skip
-            except CacheTooSmall as exc:
-                raise cache_error(dataset, exc.needed, cache_rows, f" in mode {mode}") from None
+        raise cache_error(distinct, needed, cache_rows, "")
+    planned = [mode for mode in modes if mode in LOCATION_AWARE_MODES]
+    if planned:
+        try:
+            plan_modes(every_pass, workers, cache_rows, planned)
+        except CacheTooSmall as exc:
+            raise cache_error(distinct, exc.needed, cache_rows, " with location-aware "
+                              "assignment") from None  # fmt: skip
 
 
-def cache_error(
-    dataset: SparseDataset, needed: int, cache_rows: int, where: str
-) -> InvalidArgument:
-    distinct = dataset.distinct_keys()
-    fraction = math.ceil(1000 * needed / distinct) / 1000
+def cache_error(distinct: int, needed: int, cache_rows: int, where: str) -> InvalidArgument:
+    fraction = math.ceil(1000 * needed / max(distinct, 1)) / 1000
     return InvalidArgument(
         f"a worker's mini-batch needs up to {needed:,} distinct rows{where}, but the cache "
-        f"holds {cache_rows:,} ({cache_rows / distinct:.3g} of {distinct:,} distinct keys): "
-        f"use --cache-fraction {min(fraction, 1.0):g} or more, or a smaller "
+        f"holds {cache_rows:,} ({cache_rows / max(distinct, 1):.3g} of {distinct:,} distinct "
+        f"keys): use --cache-fraction {min(fraction, 1.0):g} or more, or a smaller "
         "--batch-size-per-worker"
     )
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from heraldps.datasets import SparseDataset
+from heraldps.data.dataset import SparseDataset
 from heraldps.errors import (
     Aborted,
     FailedPrecondition,

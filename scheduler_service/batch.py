@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.datasets import SparseDataset
+from heraldps.data.dataset import SparseDataset
 from heraldps.errors import InvalidArgument
 
 

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from heraldps.client import DENSE_ROW_WIDTH, DenseParameter, PSClient
-from heraldps.datasets import FORMATS, SparseDataset, default_columns, read_dataset
+from heraldps.data import DataSpec, SparseDataset, read_all
+from heraldps.data.spec import FORMATS
 from heraldps.errors import InvalidArgument
 from heraldps.init import Normal
 from heraldps.modes import HET_MODE
@@ -39,6 +40,14 @@ class TrainingJob:
     sparse_columns: tuple[str, ...] | None = None
     label_column: str | None = None
     dense_columns: tuple[str, ...] | None = None
+    # One per dense column (log1p, standardize, minmax, raw; none: the format's default) and
+    # the first pass's statistics they use, so every process transforms with the same numbers.
+    dense_transforms: tuple[str, ...] | None = None
+    dense_stats: tuple[dict[str, float], ...] | None = None
+    no_label: bool = False  # inference-only data: no label column, labels 0
+    # Rows of the training data (its first pass), so the feeder knows the batch count
+    # without reading the data twice; None: the feeder counts them.
+    train_rows: int | None = None
     workers: int = 4
     batch_size_per_worker: int = 128
     iterations: int | None = None
@@ -76,17 +85,30 @@ class TrainingJob:
     @property
     def num_fields(self) -> int:
         """Sparse columns per sample: the model's embedding fields."""
-        sparse, _ = default_columns(self.format)
-        columns = self.sparse_columns if self.sparse_columns is not None else sparse
-        if not columns:
-            raise InvalidArgument("--format csv needs --sparse-columns (the categorical columns)")
-        return len(columns)
+        return self.data_spec().num_fields
 
     @property
     def num_dense(self) -> int:
         """Dense columns per sample."""
-        _, dense = default_columns(self.format)
-        return len(self.dense_columns if self.dense_columns is not None else dense)
+        return self.data_spec().num_dense
+
+    def data_spec(self, path: str | None = None, start_row: int = 0) -> DataSpec:
+        """What the streaming reader reads: the training data (its first ``max_rows`` rows),
+        or ``path`` (held-out data) with the same columns and transforms, from ``start_row``."""
+        return DataSpec.from_dict(
+            {
+                "source": path or self.data,
+                "format": self.format,
+                "sparse_columns": self.sparse_columns,
+                "label_column": self.label_column,
+                "dense_columns": self.dense_columns,
+                "dense_transforms": self.dense_transforms,
+                "dense_stats": self.dense_stats,
+                "no_label": self.no_label,
+                "start_row": start_row,
+                "stop_row": self.max_rows if path is None else None,
+            }
+        )
 
     def model(self, xp: Any = np) -> DeepFM:
         """The job's DeepFM over array module ``xp`` (its dense layout and initial values)."""
@@ -142,14 +164,9 @@ class TrainingJob:
         return DenseParameter(DENSE_TABLE, size, min(DENSE_ROW_WIDTH, size))
 
     def read(self, path: str | None = None) -> SparseDataset:
-        return read_dataset(
-            path or self.data,
-            self.format,
-            sparse_columns=self.sparse_columns,
-            label_column=self.label_column,
-            dense_columns=self.dense_columns,
-            max_rows=self.max_rows if path is None else None,
-        )
+        """The whole data in memory, through the streaming reader: small files and tests
+        only (training streams its batches with ``heraldps.data.batches``)."""
+        return read_all(self.data_spec(path))
 
     def create_tables(self, ps: PSClient) -> None:
         """The embedding table and the dense table, with the job's optimizer (idempotent)."""
@@ -164,7 +181,8 @@ class TrainingJob:
     @classmethod
     def from_json(cls, text: str) -> TrainingJob:
         raw = json.loads(text)
-        for name in ("sparse_columns", "dense_columns", "hidden"):
+        for name in ("sparse_columns", "dense_columns", "dense_transforms", "dense_stats",
+                     "hidden"):  # fmt: skip
             if raw.get(name) is not None:
                 raw[name] = tuple(raw[name])
         return cls(**raw)

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.datasets import SparseDataset
+from heraldps.data import SparseDataset
+from heraldps.data.global_batches import (  # noqa: F401  (re-exported: the feeder's batches)
+    GlobalBatches,
+    InMemoryBatches,
+    StreamedBatches,
+    batch_count,
+    global_batches,
+)
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import distinct
 
@@ -33,29 +40,11 @@ class MiniBatch:
         return int(self.labels.shape[0])
 
 
-def global_batches(
-    dataset: SparseDataset, batch_size: int, iterations: int | None, epochs: int = 1
-) -> list[SparseDataset]:
-    """Consecutive full batches of ``batch_size`` rows, ``epochs`` passes, capped at
-    ``iterations``; a partial last batch of each pass is dropped (as ``simulate`` does)."""
-    per_epoch = dataset.rows // batch_size
-    if per_epoch == 0:
-        raise InvalidArgument(
-            f"the data has {dataset.rows} rows, fewer than one global batch of {batch_size}; "
-            "lower --workers or --batch-size-per-worker"
-        )
-    total = per_epoch * epochs if iterations is None else min(iterations, per_epoch * epochs)
-    return [
-        dataset.row_slice((t % per_epoch) * batch_size, (t % per_epoch + 1) * batch_size)
-        for t in range(total)
-    ]
-
-
 def select(batch: SparseDataset, samples: npt.NDArray[np.int64] | None = None) -> MiniBatch:
     """The mini-batch of ``samples`` (indices into ``batch``; all of them when None)."""
     if batch.fields is None:
         raise InvalidArgument("the dataset does not record each key's field; read it with "
-                              "heraldps.datasets.read_dataset")  # fmt: skip
+                              "heraldps.data (stream or read_all)")  # fmt: skip
     if samples is not None:
         if samples.shape[0] and (samples.min() < 0 or samples.max() >= batch.rows):
             raise InvalidArgument(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.datasets import SparseDataset
+from heraldps.data.dataset import SparseDataset
 from heraldps.keyindex import KeyIndex
 from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches, select

@@ -15,13 +15,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from heraldps.client import write_keyset
-    from heraldps.datasets import read_dataset
+    from heraldps.data import check, stream
+    from heraldps.data.distinct import distinct_keys
+    from launcher.cli.data import spec_of
     from launcher.preflight import check_columns
 
     columns = names(args.sparse_columns)
     check_columns(args.data, args.format, columns)
-    dataset = read_dataset(args.data, args.format, sparse_columns=columns)
-    count = write_keyset(args.out, dataset.keys)
+    spec = spec_of(args)
+    check(spec)
+    # Streamed: memory follows the vocabulary (8 bytes a key), not the file.
+    keys = distinct_keys(chunk.keys for chunk in stream(spec))
+    count = write_keyset(args.out, keys)
     print(f"wrote {count:,} keys to {args.out}")
     return 0
 

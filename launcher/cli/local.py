@@ -7,7 +7,7 @@ Arguments -> job -> checks (before any process starts) -> one cluster per mode
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
@@ -15,7 +15,8 @@ from launcher.cli.command import Command, at_least, fraction, names, non_negativ
 from launcher.cli.data import add_data_arguments
 
 if TYPE_CHECKING:
-    from heraldps.datasets import SparseDataset
+    from heraldps.data import DataSpec
+    from heraldps.data.global_batches import StreamedBatches
     from worker_client.job import TrainingJob
 
 
@@ -33,8 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.1,
         help="share of --data held out for evaluation when --eval-data is not given",
     )
-    p.add_argument("--label-column", default=None, help="label column (csv)")
-    p.add_argument("--dense-columns", default=None, help="comma-separated numeric columns (csv)")
     p.add_argument(
         "--modes",
         default=",".join(DEFAULT_LOCAL_MODES),
@@ -206,25 +205,50 @@ def network_line(args: argparse.Namespace) -> str:
     return f"; links {args.link_mbit:g} Mbit/s per process{ps} (no latency emulation)"
 
 
-def datasets(
-    args: argparse.Namespace, job: TrainingJob
-) -> tuple[TrainingJob, SparseDataset, SparseDataset]:
-    """(job, train, held-out) as the flags ask. Without --eval-data the last
-    --eval-fraction of --data is held out, and the job trains on the rows before it."""
-    from heraldps.bundled import bundled_data
-    from heraldps.errors import InvalidArgument
-    from launcher.cli.data import BUNDLED_TRAIN
+@dataclass(frozen=True)
+class Splits:
+    """What a run trains on and evaluates: the job (its data spec, first-pass numbers
+    recorded), the training batches, streamed, and the held-out data's spec."""
 
+    job: TrainingJob
+    train: StreamedBatches
+    held_out: DataSpec
+    held_out_rows: int
+    distinct_keys: int
+
+
+def splits(args: argparse.Namespace, job: TrainingJob) -> Splits:
+    """The training and held-out data as the flags ask, read once in a first pass that
+    checks every row and records what the job needs (row count, dense statistics).
+    Without --eval-data the last --eval-fraction of --data is held out: a first pass
+    counts the rows, and the job trains on the rows before the cut."""
+    from heraldps.bundled import bundled_data
+    from heraldps.data.global_batches import StreamedBatches
+    from heraldps.errors import InvalidArgument
+    from launcher.cli.data import BUNDLED_TRAIN, first_pass
+
+    spec, total = job.data_spec(), 0
     if args.data == BUNDLED_TRAIN and args.eval_data is None:
-        _, test_path = bundled_data()
-        return job, job.read(), job.read(str(test_path))
-    full = job.read()
-    if args.eval_data is not None:
-        return job, full, job.read(args.eval_data)
-    if not 0 < args.eval_fraction < 1:
-        raise InvalidArgument("--eval-fraction must be between 0 and 1 (or give --eval-data)")
-    cut = full.rows - max(1, int(full.rows * args.eval_fraction))
-    return replace(job, max_rows=cut), full.row_slice(0, cut), full.row_slice(cut, full.rows)
+        held_out_source, start = str(bundled_data()[1]), 0
+    elif args.eval_data is not None:
+        held_out_source, start = args.eval_data, 0
+    else:
+        if not 0 < args.eval_fraction < 1:
+            raise InvalidArgument("--eval-fraction must be between 0 and 1 (or give --eval-data)")
+        total = first_pass(spec, "counting rows").rows
+        cut = total - max(1, int(total * args.eval_fraction))
+        job = replace(job, max_rows=cut)
+        held_out_source, start = job.data, cut
+    profile = first_pass(job.data_spec(), "first pass")
+    stats = tuple(asdict(s) for s in profile.dense_stats)
+    job = replace(job, dense_stats=stats or None, train_rows=profile.rows,
+                  dense_transforms=job.data_spec().transforms() or None)  # fmt: skip
+    held_out = job.data_spec(held_out_source, start_row=start)
+    # A held-out split of --data was checked by the counting pass; another file is read now.
+    held_out_rows = total - start if start else first_pass(held_out, "held-out data").rows
+    train = StreamedBatches(job.data_spec(), profile.rows, job.global_batch, job.iterations,
+                            job.epochs)  # fmt: skip
+    return Splits(job, train, held_out, held_out_rows, profile.distinct_keys)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from launcher.cli.data import spec_of
     from launcher.lifeline import stop_on_signals
     from launcher.local import Recovery, run_local
     from launcher.preflight import check_cache, check_columns, data_name
@@ -252,25 +277,28 @@ def run(args: argparse.Namespace) -> int:
     sparse = names(args.sparse_columns)
     check_columns(args.data, args.format, sparse)
     array_module(args.device)  # --device gpu without CuPy and a GPU: refused here
+    spec = spec_of(args)
     job = TrainingJob(
         data=args.data, format=args.format, sparse_columns=sparse,
         label_column=args.label_column, dense_columns=names(args.dense_columns),
+        dense_transforms=spec.dense_transforms, no_label=spec.no_label,
         workers=args.workers, batch_size_per_worker=args.batch_size_per_worker,
         iterations=args.iterations, epochs=args.epochs, optimizer=args.optimizer, lr=args.lr,
         embedding_dim=args.embedding_dim, staleness=args.staleness, policy=args.policy,
         device=args.device, dense_sync=dense_sync_of(args),
         dense_checkpoint_every=args.dense_checkpoint_every,
     )  # fmt: skip
-    job, train, held_out = datasets(args, job)
-    job = replace(job, cache_rows=cache_rows_for(train, args.cache_fraction))
+    data = splits(args, job)
+    job, train, held_out = data.job, data.train, data.held_out
+    job = replace(job, cache_rows=cache_rows_for(data.distinct_keys, args.cache_fraction))
     check_cache(train, job.workers, job.batch_size_per_worker, job.cache_rows, job.iterations,
-                modes, job.epochs)  # fmt: skip
+                modes, job.epochs, distinct_keys=data.distinct_keys)  # fmt: skip
     console = Console()
     if not console.is_terminal:
         console.width = 100  # logs and CI: the summary table fits; --wide may wrap
     console.print(
         f"[bold]heraldps local[/]: {train.rows:,} training rows ({data_name(job.data)}), "
-        f"{held_out.rows:,} held out; {job.workers} workers x {job.batch_size_per_worker}, "
+        f"{data.held_out_rows:,} held out; {job.workers} workers x {job.batch_size_per_worker}, "
         f"{args.shards} {args.store} shards, cache {job.cache_rows:,} rows per worker, "
         f"{job.optimizer}, modes {', '.join(modes)}{network_line(args)}"
     )

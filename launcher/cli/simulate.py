@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from typing import TYPE_CHECKING
 
 from heraldps.modes import MAX_WORKERS
 from launcher.cli.command import Command, at_least, fraction, names
 from launcher.cli.data import add_data_arguments
+
+if TYPE_CHECKING:
+    from heraldps.data import DataProfile
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from heraldps.datasets import read_dataset
+    from heraldps.data.global_batches import StreamedBatches
     from heraldps.errors import CacheTooSmall
+    from launcher.cli.data import first_pass, spec_of
     from launcher.preflight import cache_error, check_cache, check_columns
     from scheduler_service.simulate import (
         SimulationConfig,
@@ -39,24 +46,40 @@ def run(args: argparse.Namespace) -> int:
 
     columns = names(args.sparse_columns)
     check_columns(args.data, args.format, columns)
-    dataset = read_dataset(args.data, args.format, sparse_columns=columns)
+    spec = spec_of(args)
+    profile = first_pass(spec)
     config = SimulationConfig(
         args.data, args.format, args.workers, args.batch_size_per_worker,
         args.cache_fraction, args.iterations,
     )  # fmt: skip
-    capacity = config.cache_rows(dataset)
-    check_cache(dataset, args.workers, args.batch_size_per_worker, capacity, args.iterations, ())
+    batches = StreamedBatches(spec, profile.rows, args.workers * args.batch_size_per_worker,
+                              args.iterations)  # fmt: skip
+    capacity = config.cache_rows(profile.distinct_keys)
+    check_cache(batches, args.workers, args.batch_size_per_worker, capacity, args.iterations, (),
+                distinct_keys=profile.distinct_keys)  # fmt: skip
+    started = last = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= 5 or (done == total and now - started >= 5):
+            last = now
+            print(f"planning: batch {done:,} of {total:,} in every mode", file=sys.stderr,
+                  flush=True)  # fmt: skip
+
     try:
-        result = simulate(dataset, config)
+        result = simulate(batches, config, profile.distinct_keys, progress)
     except CacheTooSmall as exc:
         where = " with location-aware assignment"
-        raise cache_error(dataset, exc.needed, capacity, where) from None
+        raise cache_error(profile.distinct_keys, exc.needed, capacity, where) from None
+    result["fields"] = field_counts(profile)
     c = result["config"]
     print(
         f"{c['rows']:,} rows, {c['distinct_keys']:,} distinct keys, {c['workers']} workers x "
         f"{c['batch_size_per_worker']} samples, cache {c['cache_rows']:,} rows per worker, "
         f"{result['modes']['naive']['iterations']} iterations"
     )
+    print(collision_line(result["fields"]))
     print(table(result))
     early = early_line(result)
     if early is not None:
@@ -64,6 +87,27 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(result, args.json)
     return 0
+
+
+def field_counts(profile: DataProfile) -> list[dict[str, object]]:
+    """Per sparse column: distinct values and distinct keys (equal unless keys collide)."""
+    return [
+        {"column": f.column, "distinct_values": f.distinct_values, "distinct_keys": f.distinct_keys}
+        for f in profile.fields
+    ]
+
+
+def collision_line(fields: list[dict[str, object]]) -> str:
+    """One line: the key hash's collisions, field by field (none expected: 64-bit keys)."""
+    collided = [f for f in fields if f["distinct_values"] != f["distinct_keys"]]
+    values = sum(int(str(f["distinct_values"])) for f in fields)
+    if not collided:
+        return f"keys: {values:,} distinct values in {len(fields)} fields, no collisions"
+    listed = ", ".join(
+        f"{f['column']} ({f['distinct_values']:,} values, {f['distinct_keys']:,} keys)"
+        for f in collided
+    )
+    return f"keys: COLLISIONS in {listed}"
 
 
 COMMAND = Command(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from heraldps.datasets import SparseDataset
+from heraldps.data import SparseDataset
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.optim import SGD
 from worker_client.cache import EmbeddingCache
