@@ -203,7 +203,7 @@ def open_layout(path: Path, format: str) -> Layout:
     layout = Layout(path, format, kind, tuple(fields), header=True)
     hint = _looks_like(text, format)
     if len(fields) == 1 and hint:
-        raise DataError(f"{path}:{line}: the header has 1 column {fields[0][:40]!r}...: {hint}")
+        raise DataError(f"{path}:{line}: the header has 1 column (no commas): {hint}")
     return layout
 
 
@@ -237,8 +237,7 @@ class FileStream:
         try:
             file = pq.ParquetFile(str(self.layout.path))
             groups = file.metadata.num_row_groups
-            done = 0
-            for group in range(groups):
+            for done, group in enumerate(range(groups), start=1):
                 yield from file.iter_batches(
                     batch_size=self.batch_rows,
                     row_groups=[group],
