@@ -67,7 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps import bundled
-from heraldps.data.dataset import SparseDataset
+from heraldps.data.dataset import SparseDataset as SparseDataset
 
 FORMATS = ("criteo", "avazu", "csv")
 

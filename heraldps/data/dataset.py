@@ -151,17 +151,17 @@ def concat(parts: Sequence[SparseDataset]) -> SparseDataset:
         if any(p.fields is None for p in parts)
         else np.concatenate([p.fields for p in parts if p.fields is not None])
     )
-    arrays = [
-        offsets,
-        np.concatenate([p.keys for p in parts]),
-        np.concatenate([p.labels for p in parts]),
-        np.concatenate([p.dense for p in parts]),
-    ]
-    for array in (*arrays, fields):
+    keys = np.concatenate([p.keys for p in parts])
+    labels = np.concatenate([p.labels for p in parts])
+    dense = np.concatenate([p.dense for p in parts])
+    for array in (offsets, keys, labels, dense, fields):
         if array is not None:
             array.flags.writeable = False
     return SparseDataset(
-        *arrays,
+        offsets,
+        keys,
+        labels,
+        dense,
         sparse_columns=first.sparse_columns,
         dense_columns=first.dense_columns,
         fields=fields,

@@ -77,7 +77,7 @@ def _head(path: Path, kind: FileKind) -> bytes:
     """The first bytes of the (decompressed) text, BOM removed."""
     raw, stream = _open_stream(path, kind)
     try:
-        head = stream.read(_PEEK)
+        head: bytes = stream.read(_PEEK)
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"{path}: cannot read ({exc}); check the file and its suffix") from exc
     finally:

@@ -126,7 +126,9 @@ def test_parquet_integer_ids_key_like_their_text(tmp_path: Path) -> None:
 
 def test_unknown_suffix_names_what_we_read(tmp_path: Path) -> None:
     (tmp_path / "data.json").write_text("{}")
-    with pytest.raises(DataError, match=r"data\.json: unknown file suffix '\.json'; heraldps reads text"):
+    with pytest.raises(
+        DataError, match=r"data\.json: unknown file suffix '\.json'; heraldps reads text"
+    ):
         files_of(tmp_path / "data.json")
     with pytest.raises(DataError, match="no such file or directory"):
         files_of(tmp_path / "missing.tsv")

@@ -13,7 +13,7 @@ import pytest
 
 from heraldps import bundled
 from heraldps.data import DataError, DataSpec, batches, read_all, scan, stream
-from heraldps.data.dataset import SparseDataset, concat
+from heraldps.data.dataset import concat
 from heraldps.data.spec import DenseStats
 
 TRAIN = str(bundled.resolve("bundled:criteo_head8k"))
