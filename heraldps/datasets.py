@@ -67,6 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps import bundled
+from heraldps.data.dataset import SparseDataset as SparseDataset
 
 FORMATS = ("criteo", "avazu", "csv")
 
@@ -104,116 +105,6 @@ AVAZU_COLUMNS: tuple[str, ...] = (
 
 ObjectArray = npt.NDArray[np.object_]
 TextArray = npt.NDArray[np.str_]
-
-
-@dataclass(frozen=True, eq=False)
-class SparseDataset:
-    """Rows of sparse keys in CSR form, with labels and dense features.
-
-    ``keys[offsets[r]:offsets[r + 1]]`` are row ``r``'s keys, in
-    ``sparse_columns`` order, one per non-empty categorical cell;
-    ``fields[i]`` is the position in ``sparse_columns`` of the column key
-    ``i`` came from (models need it to place a key's embedding; None for
-    hand-built datasets that do not say). Missing dense cells are 0.0.
-    Equality is identity (arrays make ``==`` ambiguous).
-    """
-
-    offsets: npt.NDArray[np.int64]
-    keys: npt.NDArray[np.int64]
-    labels: npt.NDArray[np.float32]
-    dense: npt.NDArray[np.float32]
-    sparse_columns: tuple[str, ...]
-    dense_columns: tuple[str, ...]
-    fields: npt.NDArray[np.int32] | None = None
-
-    def __post_init__(self) -> None:
-        _check_dataset(self)
-
-    @property
-    def rows(self) -> int:
-        return int(self.labels.shape[0])
-
-    def distinct_keys(self) -> int:
-        """Number of distinct keys: the embedding rows this data touches."""
-        return int(np.unique(self.keys).size)
-
-    def row_slice(self, start: int, stop: int) -> SparseDataset:
-        """Rows ``[start, stop)`` as views, with offsets rebased to 0."""
-        if not 0 <= start <= stop <= self.rows:
-            raise ValueError(
-                f"row_slice({start}, {stop}) is out of range for {self.rows} rows; "
-                f"use 0 <= start <= stop <= {self.rows}"
-            )
-        offsets = self.offsets[start : stop + 1] - self.offsets[start]
-        offsets.flags.writeable = False
-        keys = slice(int(self.offsets[start]), int(self.offsets[stop]))
-        return SparseDataset(
-            offsets=offsets,
-            keys=self.keys[keys],
-            labels=self.labels[start:stop],
-            dense=self.dense[start:stop],
-            sparse_columns=self.sparse_columns,
-            dense_columns=self.dense_columns,
-            fields=None if self.fields is None else self.fields[keys],
-        )
-
-    def take(self, rows: npt.NDArray[np.int64]) -> SparseDataset:
-        """The rows ``rows`` (any order, repeats allowed) as a new dataset, vectorized."""
-        if rows.shape[0] and (rows.min() < 0 or rows.max() >= self.rows):
-            raise ValueError(
-                f"row indices must be in 0..{self.rows - 1}, got {int(rows.min())}.."
-                f"{int(rows.max())}"
-            )
-        starts = self.offsets[rows]
-        lengths = self.offsets[rows + 1] - starts
-        offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        # Position of every taken key in ``keys``: its row's start plus its rank in the row.
-        positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(
-            int(offsets[-1]), dtype=np.int64
-        )
-        return SparseDataset(
-            offsets=offsets,
-            keys=self.keys[positions],
-            labels=self.labels[rows],
-            dense=self.dense[rows],
-            sparse_columns=self.sparse_columns,
-            dense_columns=self.dense_columns,
-            fields=None if self.fields is None else self.fields[positions],
-        )
-
-    def batches(self, batch_size: int, limit: int | None = None) -> Iterator[SparseDataset]:
-        """Consecutive full batches; the partial tail is dropped so every step has equal size."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0 or None, got {limit}")
-        count = self.rows // batch_size
-        if limit is not None:
-            count = min(count, limit)
-        return (self.row_slice(b * batch_size, (b + 1) * batch_size) for b in range(count))
-
-
-def _check_dataset(ds: SparseDataset) -> None:
-    """Reject inconsistent arrays at construction, not deep inside a training step."""
-    rows = ds.labels.shape[0]
-    problems = []
-    if ds.offsets.dtype != np.int64 or ds.keys.dtype != np.int64:
-        problems.append("offsets and keys must be int64")
-    if ds.labels.dtype != np.float32 or ds.dense.dtype != np.float32:
-        problems.append("labels and dense must be float32")
-    if ds.labels.ndim != 1 or ds.keys.ndim != 1 or ds.offsets.shape != (rows + 1,):
-        problems.append(f"need labels [rows], keys [n], offsets [rows + 1] with rows={rows}")
-    elif ds.offsets[0] != 0 or ds.offsets[-1] != ds.keys.shape[0]:
-        problems.append("offsets must start at 0 and end at len(keys)")
-    elif rows and bool(np.any(np.diff(ds.offsets) < 0)):
-        problems.append("offsets must be non-decreasing")
-    if ds.dense.shape != (rows, len(ds.dense_columns)):
-        problems.append(f"dense must have shape (rows, {len(ds.dense_columns)})")
-    if ds.fields is not None and (ds.fields.dtype != np.int32 or ds.fields.shape != ds.keys.shape):
-        problems.append("fields must be int32 with one entry per key")
-    if problems:
-        raise ValueError("inconsistent SparseDataset: " + "; ".join(problems))
 
 
 def feature_key(column_index: int, value: str) -> int:

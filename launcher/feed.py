@@ -26,7 +26,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from heraldps.client import PSClient
-from heraldps.data import SparseDataset
+from heraldps.data import SparseDataset, check
 from heraldps.errors import Aborted, AlreadyExists, HeraldError, ResourceExhausted, error_from_rpc
 from heraldps.healthcheck import wait_serving
 from heraldps.samples import encode_samples
@@ -139,6 +139,7 @@ def run_feed(config: FeedConfig) -> None:
     if not config.ps:
         raise FeedError("--ps needs the PS shard addresses, comma-separated, in shard order")
     job = TrainingJob.load(config.job)
+    check(job.data_spec())  # a wrong column or format fails here, before any batch is sent
     batches = job_batches(job)
     metrics = FeedMetrics()
     metrics.batches.set(len(batches))

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from heraldps import checkpoints
 from heraldps.client import PSClient
 from heraldps.data import DataSpec, SparseDataset, stream
-from heraldps.data.distinct import distinct_keys as distinct_keys_of
+from heraldps.data.key_union import distinct_keys as distinct_keys_of
 from heraldps.errors import HeraldError
 from heraldps.modes import HET_MODE
 from heraldps.serving import channel_options

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from heraldps.client import write_keyset
     from heraldps.data import check, stream
-    from heraldps.data.distinct import distinct_keys
+    from heraldps.data.key_union import distinct_keys
     from launcher.cli.data import spec_of
     from launcher.preflight import check_columns
 

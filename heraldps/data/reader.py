@@ -1,0 +1,516 @@
+"""The streaming reader: bounded SparseDataset chunks from any source, and a first pass.
+
+``stream`` yields chunks of ``batch_rows`` rows (the last one shorter) in source order;
+memory is bounded by the chunk in flight and pyarrow's read-ahead blocks, never by the
+file's size. Per chunk and sparse column, the cells are dictionary-encoded by pyarrow,
+each distinct value is hashed once (``keys.column_keys``) and the keys are gathered back:
+hashing distinct values is the only per-value work, everything else is vectorized.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from heraldps.data import formats, transforms
+from heraldps.data.dataset import SparseDataset, concat
+from heraldps.data.distinct import DistinctCounter
+from heraldps.data.errors import DataError
+from heraldps.data.keys import column_keys
+from heraldps.data.sources import files_of
+from heraldps.data.spec import DataSpec, DenseStats
+from heraldps.jit import njit
+
+Progress = Callable[[int, int, int], None]
+
+# pyarrow parses text in blocks of 1-4 MB (measured: larger blocks parse slower, out of cache).
+_BYTES_PER_ROW = 64
+_MIN_BLOCK = 1 << 20
+_MAX_BLOCK = 4 << 20
+
+
+@dataclass(frozen=True)
+class DataProfile:
+    """What one full pass saw (``scan``): exact counts and dense statistics."""
+
+    rows: int
+    positives: int
+    files: tuple[str, ...]
+    fields: tuple[str, ...]
+    distinct_values: tuple[int, ...]  # per field: distinct non-empty values
+    distinct_keys: tuple[int, ...]  # per field: distinct keys (== values: no collision)
+    total_distinct_keys: int  # over all fields: the embedding rows the data touches
+    dense_stats: tuple[DenseStats, ...]
+
+    def collisions(self) -> dict[str, int]:
+        """Per field, distinct values minus distinct keys (0 everywhere: no collision)."""
+        return {
+            f: v - k
+            for f, v, k in zip(self.fields, self.distinct_values, self.distinct_keys, strict=True)
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "positives": self.positives,
+            "files": list(self.files),
+            "fields": list(self.fields),
+            "distinct_values": list(self.distinct_values),
+            "distinct_keys": list(self.distinct_keys),
+            "total_distinct_keys": self.total_distinct_keys,
+            "dense_stats": [s.to_dict() for s in self.dense_stats],
+        }
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The resolved columns of a spec against one file."""
+
+    layout: formats.Layout
+    sparse: tuple[str, ...]
+    dense: tuple[str, ...]
+    label: str | None
+    types: dict[str, str]
+
+
+def _plan(spec: DataSpec, layout: formats.Layout) -> _Plan:
+    """Resolve the spec's columns in this file; errors list the columns that exist."""
+    available = ", ".join(layout.columns)
+    try:
+        sparse = spec.sparse()
+        label = spec.label()
+    except DataError as exc:
+        raise DataError(f"{layout.path}: {exc.message}; available columns: {available}") from exc
+    dense = spec.dense()
+    for role, names in (("sparse column", sparse), ("dense column", dense)):
+        for name in names:
+            count = layout.columns.count(name)
+            if count != 1:
+                problem = "is not a column" if count == 0 else "appears more than once"
+                raise DataError(
+                    f"{layout.path}: {role} {name!r} {problem}; available columns: {available}"
+                )
+    if label is not None:
+        if layout.columns.count(label) != 1:
+            raise DataError(
+                f"{layout.path}: label column {label!r} is not a column; available columns: "
+                f"{available} (set no_label for inference-only data)"
+            )
+        if label in sparse or label in dense:
+            raise DataError(
+                f"label column {label!r} is also a feature column; remove it from "
+                "sparse_columns/dense_columns so the label does not leak"
+            )
+    overlap = sorted(set(sparse) & set(dense))
+    if overlap:
+        raise DataError(
+            f"columns {overlap} are both sparse and dense; list each column in one of them"
+        )
+    return _Plan(layout, sparse, dense, label, formats.used_columns(layout, sparse, dense, label))
+
+
+def _block_size(batch_rows: int) -> int:
+    return int(min(max(batch_rows * _BYTES_PER_ROW, _MIN_BLOCK), _MAX_BLOCK))
+
+
+class _Observer:
+    """What ``scan`` folds in per chunk: distinct (field, key, value) and dense stats."""
+
+    def __init__(self, fields: Sequence[str], dense: Sequence[str]) -> None:
+        self.distinct = DistinctCounter(len(fields))
+        self.stats = [transforms.StatsAccumulator(name) for name in dense]
+
+
+def _float_column(array: pa.Array) -> npt.NDArray[np.float64]:
+    """float64 values with NaN for nulls (parquet ints/bools are cast)."""
+    if not pa.types.is_floating(array.type) or array.type != pa.float64():
+        array = pc.cast(array, pa.float64())
+    values: npt.NDArray[np.float64] = array.to_numpy(zero_copy_only=False)  # nulls: NaN
+    return values
+
+
+def _bad(plan: _Plan, record: int, column: str, what: str) -> DataError:
+    """A problem found by a vectorized check: locate it by re-reading (error path)."""
+    layout = plan.layout
+    if not layout.kind.parquet:
+        found = formats.find_problem(layout, plan.types, plan.label)
+        if found is not None:
+            return found
+    line = formats.physical_line(layout, record)
+    return DataError(f"{layout.path}:{line}:{layout.position(column)}: {what}")
+
+
+def _convert(
+    batch: pa.RecordBatch,
+    plan: _Plan,
+    spec: DataSpec,
+    first_record: int,
+    observer: _Observer | None,
+) -> SparseDataset:
+    """One RecordBatch as a SparseDataset, checking labels, dense cells and NUL bytes."""
+    rows = batch.num_rows
+    fields = len(plan.sparse)
+    matrix = np.empty((fields, rows), dtype=np.int64)
+    present = np.empty((fields, rows), dtype=bool)
+    for j, name in enumerate(plan.sparse):
+        column = batch.column(name)
+        encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+        dictionary = encoded.dictionary
+        if pa.types.is_string(dictionary.type) or pa.types.is_large_string(dictionary.type):
+            nul = pc.match_substring(dictionary, "\x00")
+            if pc.any(nul).as_py():
+                row = _first_row(encoded, nul)
+                raise _bad(plan, first_record + row, name, f"sparse column {name!r} has a NUL")
+        unique_keys, unique_present = column_keys(j, dictionary)
+        indices = encoded.indices
+        if indices.null_count:
+            valid = indices.is_valid().to_numpy(zero_copy_only=False)
+            index = indices.fill_null(0).to_numpy()
+            matrix[j] = unique_keys[index]
+            present[j] = unique_present[index] & valid
+        else:
+            index = indices.to_numpy()
+            matrix[j] = unique_keys[index]
+            present[j] = unique_present[index]
+        if observer is not None:
+            observer.distinct.add(j, dictionary, unique_keys, unique_present)
+    offsets, keys, field_of = _csr(matrix, present)
+
+    dense = np.empty((rows, len(plan.dense)), dtype=np.float32)
+    transform_names = spec.transforms()
+    stats = spec.dense_stats
+    for j, name in enumerate(plan.dense):
+        values = _float_column(batch.column(name))
+        bad = np.isinf(values)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise _bad(plan, first_record + row, name, f"dense column {name!r} is not finite")
+        if observer is not None:
+            observer.stats[j].add(values)
+            dense[:, j] = transforms.apply(values, "raw", None, name)
+        else:
+            dense[:, j] = transforms.apply(
+                values, transform_names[j], None if stats is None else stats[j], name
+            )
+    labels = _labels(batch, plan, first_record)
+    arrays = (offsets, keys, labels, dense, field_of)
+    for array in arrays:
+        array.flags.writeable = False
+    return SparseDataset(offsets, keys, labels, dense, plan.sparse, plan.dense, fields=field_of)
+
+
+@njit(nogil=True)
+def _csr_fill(
+    matrix: npt.NDArray[np.int64],
+    present: npt.NDArray[np.bool_],
+    offsets: npt.NDArray[np.int64],
+    keys: npt.NDArray[np.int64],
+    fields: npt.NDArray[np.int32],
+) -> None:  # pragma: no cover - compiled
+    """Row-major CSR of the present cells of a [fields, rows] key matrix, reading the
+    matrix field by field (contiguous) with a write cursor per row."""
+    n_fields, rows = matrix.shape
+    cursor = np.zeros(rows, dtype=np.int64)
+    for j in range(n_fields):
+        for r in range(rows):
+            cursor[r] += present[j, r]
+    k = 0
+    for r in range(rows):
+        offsets[r] = k
+        k += cursor[r]
+        cursor[r] = offsets[r]
+    offsets[rows] = k
+    for j in range(n_fields):
+        for r in range(rows):
+            if present[j, r]:
+                c = cursor[r]
+                keys[c] = matrix[j, r]
+                fields[c] = j
+                cursor[r] = c + 1
+
+
+def _csr(
+    matrix: npt.NDArray[np.int64], present: npt.NDArray[np.bool_]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+    """(offsets, keys, field of each key): row-major, in column order, absent cells skipped."""
+    count = int(np.count_nonzero(present))
+    offsets = np.empty(matrix.shape[1] + 1, dtype=np.int64)
+    keys = np.empty(count, dtype=np.int64)
+    fields = np.empty(count, dtype=np.int32)
+    _csr_fill(matrix, present, offsets, keys, fields)
+    return offsets, keys, fields
+
+
+def _first_row(encoded: pa.Array, unique_mask: pa.Array) -> int:
+    bad = np.asarray(unique_mask.to_numpy(zero_copy_only=False), dtype=bool)
+    index = encoded.indices.fill_null(0).to_numpy()
+    return int(np.flatnonzero(bad[index])[0])
+
+
+def _labels(batch: pa.RecordBatch, plan: _Plan, first_record: int) -> npt.NDArray[np.float32]:
+    if plan.label is None:
+        return np.zeros(batch.num_rows, dtype=np.float32)
+    values = _float_column(batch.column(plan.label))
+    bad = (values != 0.0) & (values != 1.0)  # NaN (missing) is bad too
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        value = values[row]
+        what = (
+            f"label {plan.label!r} is empty; every row needs a label 0 or 1"
+            if np.isnan(value)
+            else f"label {plan.label!r} is {value!r}; labels must be 0 or 1"
+        )
+        raise _bad(plan, first_record + row, plan.label, what)
+    return values.astype(np.float32)
+
+
+def _chunks(
+    spec: DataSpec,
+    batch_rows: int,
+    observer: _Observer | None = None,
+    progress: Progress | None = None,
+) -> Iterator[SparseDataset]:
+    """Converted pieces (one per pyarrow batch) of rows [start_row, stop_row), in order."""
+    if batch_rows < 1:
+        raise DataError(f"batch_rows must be >= 1, got {batch_rows}")
+    if observer is None:
+        transforms.require_stats(spec)
+    files = files_of(spec.source)
+    total_bytes = sum(f.stat().st_size for f in files)
+    done_bytes = 0
+    row = 0  # global row of the next record
+    start, stop = spec.start_row, spec.stop_row
+    for path in files:
+        if stop is not None and row >= stop:
+            break
+        layout = formats.open_layout(path, spec.format)
+        plan = _plan(spec, layout)
+        stream = formats.FileStream(
+            layout, plan.types, _block_size(batch_rows), batch_rows, plan.label
+        )
+        record = 0
+        for batch in _prefetch(iter(stream)) if _PREFETCH else stream:
+            n = batch.num_rows
+            lo = max(start - row, 0)
+            hi = n if stop is None else min(stop - row, n)
+            if lo < hi:
+                part = batch if (lo, hi) == (0, n) else batch.slice(lo, hi - lo)
+                yield _convert(part, plan, spec, record + lo, observer)
+            record += n
+            row += n
+            if progress is not None:
+                progress(row, done_bytes + stream.position, total_bytes)
+            if stop is not None and row >= stop:
+                break
+        if record == 0:
+            _empty(layout, len(files))
+        done_bytes += stream.size
+    if progress is not None:
+        progress(row, done_bytes, total_bytes)
+
+
+_DONE = object()
+# Parse the next block in a background thread while this one converts (see _prefetch).
+_PREFETCH = True
+
+
+def _prefetch(batches: Iterator[pa.RecordBatch], depth: int = 2) -> Iterator[pa.RecordBatch]:
+    """``batches`` pulled by a background thread, at most ``depth`` ahead: pyarrow parses the
+    next block (GIL released) while this thread converts the current one. Memory stays
+    bounded by ``depth`` batches; errors re-raise here; closing stops the thread."""
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def pull() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        ahead.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            item: Any = _DONE
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            item = exc
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    worker = threading.Thread(target=pull, name="heraldps-data-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = ahead.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+def _empty(layout: formats.Layout, files: int) -> None:
+    """A file without rows: an error alone; tolerated as one part of many (Spark writes
+    empty parts)."""
+    if files > 1:
+        return
+    if layout.kind.parquet:
+        raise DataError(f"{layout.path}: the Parquet file has no rows; point at the data")
+    raise DataError(
+        f"{layout.path}: has a header line but no data rows; add rows or point at the data"
+        if layout.header
+        else f"{layout.path}: has no data rows; add rows or point at the data"
+    )
+
+
+def _rebatch(pieces: Iterator[SparseDataset], rows: int) -> Iterator[SparseDataset]:
+    """Exactly ``rows`` rows per chunk across piece and file boundaries; the last is shorter."""
+    pending: list[SparseDataset] = []
+    have = 0
+    for piece in pieces:
+        pending.append(piece)
+        have += piece.rows
+        if have < rows:
+            continue
+        joined = concat(pending)
+        cut = 0
+        while have - cut >= rows:
+            yield joined.row_slice(cut, cut + rows)
+            cut += rows
+        pending = [joined.row_slice(cut, joined.rows)] if cut < joined.rows else []
+        have -= cut
+    if have:
+        yield concat(pending)
+
+
+def stream(spec: DataSpec, batch_rows: int = 65_536) -> Iterator[SparseDataset]:
+    """The rows of ``spec`` as chunks of exactly ``batch_rows`` rows (the last shorter), in
+    source order. Errors raise DataError (file, line, column) when the stream reaches them."""
+    return _rebatch(_chunks(spec, batch_rows), batch_rows)
+
+
+def batches(
+    spec: DataSpec, batch_size: int, epochs: int = 1, limit: int | None = None
+) -> Iterator[SparseDataset]:
+    """Global batches of exactly ``batch_size`` rows over ``epochs`` passes, at most ``limit``
+    in all; each pass drops its partial tail (as ``SparseDataset.batches``)."""
+    if batch_size < 1:
+        raise DataError(f"batch_size must be >= 1, got {batch_size}")
+    if epochs < 1:
+        raise DataError(f"epochs must be >= 1, got {epochs}")
+    if limit is not None and limit < 0:
+        raise DataError(f"limit must be >= 0 or None, got {limit}")
+    return _batches(spec, batch_size, epochs, limit)
+
+
+def _batches(
+    spec: DataSpec, batch_size: int, epochs: int, limit: int | None
+) -> Iterator[SparseDataset]:
+    produced = 0
+    for _ in range(epochs):
+        in_pass = 0
+        seen = 0
+        for chunk in stream(spec, batch_size):
+            seen += chunk.rows
+            if chunk.rows < batch_size:
+                break
+            if limit is not None and produced >= limit:
+                return
+            yield chunk
+            produced += 1
+            in_pass += 1
+        if in_pass == 0:
+            raise DataError(
+                f"{spec.source}: the data has {seen} rows, fewer than one global batch of "
+                f"{batch_size}; use more data or a smaller batch"
+            )
+        if limit is not None and produced >= limit:
+            return
+
+
+def read_all(spec: DataSpec) -> SparseDataset:
+    """All rows of ``spec`` as one dataset: for small files and tests only."""
+    parts = list(_chunks(spec, 65_536))
+    if not parts:
+        return _no_rows(spec)
+    return concat(parts)
+
+
+def _no_rows(spec: DataSpec) -> SparseDataset:
+    sparse, dense = spec.sparse(), spec.dense()
+    empty = np.zeros(0, dtype=np.int64)
+    for a in (empty,):
+        a.flags.writeable = False
+    return SparseDataset(
+        np.zeros(1, dtype=np.int64),
+        empty,
+        np.zeros(0, dtype=np.float32),
+        np.zeros((0, len(dense)), dtype=np.float32),
+        sparse,
+        dense,
+        fields=np.zeros(0, dtype=np.int32),
+    )
+
+
+def check(spec: DataSpec) -> list[Path]:
+    """Preflight, cheap: every file opens, its header and columns fit the spec and its first
+    chunk parses (labels, dense cells, field counts). Returns the files in reading order;
+    raises DataError (one line) on the first problem."""
+    files = files_of(spec.source)
+    rows = 0
+    for path in files:
+        layout = formats.open_layout(path, spec.format)
+        plan = _plan(spec, layout)
+        stream = formats.FileStream(layout, plan.types, _MIN_BLOCK, 8192, plan.label)
+        batch = next(iter(stream), None)
+        if batch is None or batch.num_rows == 0:
+            _empty(layout, len(files))
+            continue
+        rows += batch.num_rows
+        _convert(batch, plan, spec, 0, _Observer(plan.sparse, plan.dense))
+    if rows == 0:
+        raise DataError(f"{spec.source}: no file has data rows; point at the data")
+    return files
+
+
+def scan(spec: DataSpec, progress: Progress | None = None) -> DataProfile:
+    """One full streamed pass: rows, positives, exact distinct values and keys per field,
+    and the dense statistics ``standardize``/``minmax`` need (raw values, before any
+    transform). ``progress(rows_done, bytes_done, bytes_total)`` is called per chunk."""
+    sparse, dense = spec.sparse(), spec.dense()
+    observer = _Observer(sparse, dense)
+    rows = 0
+    positives = 0.0
+    for piece in _chunks(spec, 65_536, observer, progress):
+        rows += piece.rows
+        positives += float(piece.labels.sum())
+    if rows == 0:
+        raise DataError(f"{spec.source}: no data rows in the selected range; point at the data")
+    values, keys, total = observer.distinct.counts()
+    return DataProfile(
+        rows=rows,
+        positives=int(positives),
+        files=tuple(str(f) for f in files_of(spec.source)),
+        fields=sparse,
+        distinct_values=values,
+        distinct_keys=keys,
+        total_distinct_keys=total,
+        dense_stats=tuple(s.stats() for s in observer.stats),
+    )
