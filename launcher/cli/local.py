@@ -240,7 +240,7 @@ def splits(args: argparse.Namespace, job: TrainingJob) -> Splits:
         job = replace(job, max_rows=cut)
         held_out_source, start = job.data, cut
     profile = first_pass(job.data_spec(), "first pass")
-    stats = tuple(asdict(s) for s in profile.dense_stats)
+    stats = tuple(s.to_dict() for s in profile.dense_stats)
     job = replace(job, dense_stats=stats or None, train_rows=profile.rows,
                   dense_transforms=job.data_spec().transforms() or None)  # fmt: skip
     held_out = job.data_spec(held_out_source, start_row=start)
@@ -248,7 +248,7 @@ def splits(args: argparse.Namespace, job: TrainingJob) -> Splits:
     held_out_rows = total - start if start else first_pass(held_out, "held-out data").rows
     train = StreamedBatches(job.data_spec(), profile.rows, job.global_batch, job.iterations,
                             job.epochs)  # fmt: skip
-    return Splits(job, train, held_out, held_out_rows, profile.distinct_keys)
+    return Splits(job, train, held_out, held_out_rows, profile.total_distinct_keys)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     batches = StreamedBatches(spec, profile.rows, args.workers * args.batch_size_per_worker,
                               args.iterations)  # fmt: skip
-    capacity = config.cache_rows(profile.distinct_keys)
+    capacity = config.cache_rows(profile.total_distinct_keys)
     check_cache(batches, args.workers, args.batch_size_per_worker, capacity, args.iterations, (),
-                distinct_keys=profile.distinct_keys)  # fmt: skip
+                distinct_keys=profile.total_distinct_keys)  # fmt: skip
     started = last = time.monotonic()
 
     def progress(done: int, total: int) -> None:
@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
                   flush=True)  # fmt: skip
 
     try:
-        result = simulate(batches, config, profile.distinct_keys, progress)
+        result = simulate(batches, config, profile.total_distinct_keys, progress)
     except CacheTooSmall as exc:
         where = " with location-aware assignment"
-        raise cache_error(profile.distinct_keys, exc.needed, capacity, where) from None
+        raise cache_error(profile.total_distinct_keys, exc.needed, capacity, where) from None
     result["fields"] = field_counts(profile)
     c = result["config"]
     print(
@@ -92,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
 def field_counts(profile: DataProfile) -> list[dict[str, object]]:
     """Per sparse column: distinct values and distinct keys (equal unless keys collide)."""
     return [
-        {"column": f.column, "distinct_values": f.distinct_values, "distinct_keys": f.distinct_keys}
-        for f in profile.fields
+        {"column": f, "distinct_values": v, "distinct_keys": k}
+        for f, v, k in zip(profile.fields, profile.distinct_values, profile.distinct_keys,
+                           strict=True)  # fmt: skip
     ]
 
 
