@@ -182,7 +182,7 @@ def _compress(
     m0, m1, m2, m3, m4, m5, m6, m7 = m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]
     m8, m9, m10, m11, m12, m13, m14, m15 = m[8], m[9], m[10], m[11], m[12], m[13], m[14], m[15]
     last_flag = ~_IV[6] if last else _IV[6]
-    v = (h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7],
+    v: Words = (h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7],
          _IV[0], _IV[1], _IV[2], _IV[3], _IV[4] ^ t, _IV[5], last_flag, _IV[7])  # fmt: skip
     # (t's high word is 0: messages are < 2**64 bytes.)
     v = _round(v, m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15)
