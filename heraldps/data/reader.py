@@ -103,7 +103,7 @@ def _plan(spec: DataSpec, layout: formats.Layout) -> _Plan:
         if layout.columns.count(label) != 1:
             raise DataError(
                 f"{layout.path}: label column {label!r} is not a column; available columns: "
-                f"{available} (set no_label for inference-only data)"
+                f"{available} (or add --no-label for inference-only data)"
             )
         if label in sparse or label in dense:
             raise DataError(

@@ -203,7 +203,7 @@ class DataSpec:
         if default is None:
             raise DataError(
                 f"format {self.format!r} needs label_column (the 0/1 target column); "
-                "name it, e.g. --label-column click, or set no_label for inference-only data"
+                "name it, e.g. --label-column click, or add --no-label for inference-only data"
             )
         return default
 
