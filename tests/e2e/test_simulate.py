@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from heraldps.datasets import read_dataset
+from heraldps.data import DataSpec, read_all
 from scheduler_service.batch import Batch
 from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES
@@ -47,7 +47,7 @@ def test_simulate_cli_counts_equal_the_reference(path: str, fmt: str, tmp_path: 
     assert "| herald |" in done.stdout
     result = json.loads(out.read_text())
     assert set(result) == {"config", "modes"} and list(result["modes"]) == list(MODES)
-    dataset = read_dataset(DATA / path, fmt)
+    dataset = read_all(DataSpec(str(DATA / path), fmt))
     capacity = math.floor(0.1 * dataset.distinct_keys())
     assert result["config"]["cache_rows"] == capacity
     for mode, counts in result["modes"].items():

@@ -80,6 +80,12 @@ CASES: list[tuple[str, str | bytes, dict[str, Any], str]] = [
         r"label column 'y' is also a feature column",
     ),
     (
+        "nosparse.csv",
+        "y,c\n1,a\n",
+        CSV | {"sparse_columns": None},
+        r"nosparse\.csv: format 'csv' needs sparse_columns .*; available columns: y, c$",
+    ),
+    (
         "nolabel.csv",
         "y,c\n1,a\n",
         CSV | {"label_column": "click"},
