@@ -15,7 +15,16 @@ from scheduler_service.batch import Batch
 from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+HERE = Path(__file__).resolve()
+# The shared data sits beside the main checkout (/work/shared) or beside a worktree's parent.
+DATA = next(
+    (
+        p
+        for p in (HERE.parents[3] / "shared" / "data", HERE.parents[4] / "shared" / "data")
+        if p.is_dir()
+    ),
+    HERE.parents[3] / "shared" / "data",
+)
 CASES = [("criteo_kaggle_head8k/train.tsv", "criteo"), ("avazu_head9k/train.csv", "avazu")]
 
 
