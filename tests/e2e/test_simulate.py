@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from heraldps.data import DataSpec, read_all
@@ -55,8 +56,22 @@ def test_simulate_cli_counts_equal_the_reference(path: str, fmt: str, tmp_path: 
     assert done.returncode == 0, done.stderr
     assert "| herald |" in done.stdout
     result = json.loads(out.read_text())
-    assert set(result) == {"config", "modes"} and list(result["modes"]) == list(MODES)
+    assert set(result) == {"config", "modes", "fields"} and list(result["modes"]) == list(MODES)
     dataset = read_all(DataSpec(str(DATA / path), fmt))
+    assert dataset.fields is not None
+    # Per field, the distinct values and the distinct keys (equal: no hash collision).
+    assert result["fields"] == [
+        {"column": name, "distinct_values": n, "distinct_keys": n}
+        for name, n in zip(
+            dataset.sparse_columns,
+            (
+                np.unique(dataset.keys[dataset.fields == j]).size
+                for j in range(len(dataset.sparse_columns))
+            ),
+            strict=True,
+        )
+    ]
+    assert "no collisions" in done.stdout
     capacity = math.floor(0.1 * dataset.distinct_keys())
     assert result["config"]["cache_rows"] == capacity
     for mode, counts in result["modes"].items():
