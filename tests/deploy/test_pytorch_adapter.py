@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from heraldps.bundled import bundled_data
-from heraldps.datasets import read_dataset
+from heraldps.data import DataSpec, read_all
 from heraldps.init import Normal
 from heraldps.optim import SGD
 from tests.conftest import ClusterFactory
@@ -67,7 +67,7 @@ def _reference(
 def test_adapter_rows_equal_pure_pytorch_sgd_and_loss_falls(cluster: ClusterFactory) -> None:
     adapter = _load_adapter()
     _, ps = cluster(2)
-    data = read_dataset(bundled_data()[0], "criteo")
+    data = read_all(DataSpec(str(bundled_data()[0])))
     batches = list(data.batches(64, limit=16))
     ps.create_table("emb", DIM, SGD(lr=EMBEDDING_LR), Normal(std=0.01, seed=3))
     torch.manual_seed(0)
@@ -76,7 +76,7 @@ def test_adapter_rows_equal_pure_pytorch_sgd_and_loss_falls(cluster: ClusterFact
     keys = np.unique(np.concatenate([b.keys for b in batches]))
     # The initial rows as the PS creates them (std rounded to float32 on the wire).
     initial = ps.describe_table("emb").spec.initializer.generate(keys, DIM)
-    test = read_dataset(bundled_data()[1], "criteo")
+    test = read_all(DataSpec(str(bundled_data()[1])))
     held_out_before = adapter.held_out_loss(ps, "emb", head, test)
 
     losses = adapter.train(ps, "emb", head, batches, LR, first_iteration=0)

@@ -8,14 +8,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from heraldps.datasets import read_dataset
+from heraldps.data import DataSpec, read_all
 from scheduler_service.batch import Batch
 from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+HERE = Path(__file__).resolve()
+# The shared data sits beside the main checkout (/work/shared) or beside a worktree's parent.
+DATA = next(
+    (
+        p
+        for p in (HERE.parents[3] / "shared" / "data", HERE.parents[4] / "shared" / "data")
+        if p.is_dir()
+    ),
+    HERE.parents[3] / "shared" / "data",
+)
 CASES = [("criteo_kaggle_head8k/train.tsv", "criteo"), ("avazu_head9k/train.csv", "avazu")]
 
 
@@ -46,8 +56,22 @@ def test_simulate_cli_counts_equal_the_reference(path: str, fmt: str, tmp_path: 
     assert done.returncode == 0, done.stderr
     assert "| herald |" in done.stdout
     result = json.loads(out.read_text())
-    assert set(result) == {"config", "modes"} and list(result["modes"]) == list(MODES)
-    dataset = read_dataset(DATA / path, fmt)
+    assert set(result) == {"config", "modes", "fields"} and list(result["modes"]) == list(MODES)
+    dataset = read_all(DataSpec(str(DATA / path), fmt))
+    assert dataset.fields is not None
+    # Per field, the distinct values and the distinct keys (equal: no hash collision).
+    assert result["fields"] == [
+        {"column": name, "distinct_values": n, "distinct_keys": n}
+        for name, n in zip(
+            dataset.sparse_columns,
+            (
+                np.unique(dataset.keys[dataset.fields == j]).size
+                for j in range(len(dataset.sparse_columns))
+            ),
+            strict=True,
+        )
+    ]
+    assert "no collisions" in done.stdout
     capacity = math.floor(0.1 * dataset.distinct_keys())
     assert result["config"]["cache_rows"] == capacity
     for mode, counts in result["modes"].items():

@@ -14,7 +14,7 @@ import pytest
 
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient, read_keyset
-from heraldps.datasets import read_dataset
+from heraldps.data import DataSpec, read_all
 from heraldps.errors import FailedPrecondition, ResourceExhausted, StaleIteration
 from heraldps.init import Normal
 from heraldps.optim import AdaGrad, Adam
@@ -176,7 +176,7 @@ def test_keyset_prefetch_fills_the_cache_before_the_pass(
     assert done.returncode == 0, done.stderr
     keys = read_keyset(str(keyset))
     assert keyset.stat().st_size == 8 * keys.shape[0]
-    assert np.array_equal(keys, np.unique(read_dataset(TRAIN, "criteo").keys))
+    assert np.array_equal(keys, np.unique(read_all(DataSpec(str(TRAIN))).keys))
     servers, cached = cluster(2, store="cached", data_dir=str(tmp_path / "d"), cache_gb=0.01)
     cached.create_table("emb", dim=8, optimizer=AdaGrad(lr=0.1))
     cached.push_gradients("emb", keys[:1000], np.ones((1000, 8), np.float32), 0)

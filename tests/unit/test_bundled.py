@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from heraldps import bundled
-from heraldps.datasets import read_dataset
+from heraldps.data import DataSpec, read_all
 from heraldps.errors import InvalidArgument
 from worker_client.job import TrainingJob
 
@@ -31,4 +31,4 @@ def test_unknown_names_list_what_exists() -> None:
 def test_a_job_reads_bundled_data() -> None:
     job = TrainingJob(data="bundled:criteo_head8k")
     assert job.read().rows == 7_200
-    assert read_dataset("bundled:criteo_head8k/test.tsv", "criteo").rows == 391
+    assert read_all(DataSpec("bundled:criteo_head8k/test.tsv")).rows == 391

@@ -15,6 +15,7 @@ import pytest
 
 from heraldps.data import DataSpec, read_all, scan, stream
 from heraldps.data.dataset import SparseDataset
+
 HERE = Path(__file__).resolve()
 DATA = next(
     (

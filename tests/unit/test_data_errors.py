@@ -80,6 +80,12 @@ CASES: list[tuple[str, str | bytes, dict[str, Any], str]] = [
         r"label column 'y' is also a feature column",
     ),
     (
+        "nosparse.csv",
+        "y,c\n1,a\n",
+        CSV | {"sparse_columns": None},
+        r"nosparse\.csv: format 'csv' needs sparse_columns .*; available columns: y, c$",
+    ),
+    (
         "nolabel.csv",
         "y,c\n1,a\n",
         CSV | {"label_column": "click"},
@@ -98,6 +104,12 @@ CASES: list[tuple[str, str | bytes, dict[str, Any], str]] = [
         r"label2\.csv:5:1: label 'click' is '2'; labels must be 0 or 1",
     ),
     ("half.csv", "y,c\n0.5,a\n", CSV, r"half\.csv:2:1: label 'y' is '0\.5'; labels must be 0 or 1"),
+    (
+        "nan.csv",
+        "y,c\n1,a\nnan,b\n",
+        CSV,
+        r"nan\.csv:3:1: label 'y' is 'nan'; labels must be 0 or 1",
+    ),
     ("nolabelcell.csv", "y,c\n1,a\n,b\n", CSV, r"nolabelcell\.csv:3:1: label 'y' is empty"),
     (
         "dense.tsv",
@@ -174,6 +186,8 @@ def test_spec_errors() -> None:
         DataSpec("x", "csv", label_column="y", no_label=True)
     with pytest.raises(DataError, match=r"row range \[5, 2\) is invalid"):
         DataSpec("x", start_row=5, stop_row=2)
+    with pytest.raises(DataError, match=r"row range \[-1, None\) is invalid"):
+        DataSpec("x", start_row=-1)
 
 
 def test_no_label_reads_zeros(tmp_path: Path) -> None:

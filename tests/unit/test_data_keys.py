@@ -7,6 +7,9 @@ every test compares the compiled kernel with that definition.
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -43,6 +46,37 @@ def test_the_documented_test_vectors() -> None:
     assert digest == "e82e3cc17490173a"
     keys, present = column_keys(25, pa.array(["9727dd16", "68fd1e64"]))
     assert keys[0] == 3181448029515369485 and present.all()
+
+
+def test_the_formula_spelled_out() -> None:
+    """Little-endian, signed, BLAKE2b with the 8-byte digest-length parameter."""
+    for column, value in ((7, "abc"), (3, "a8cd5504"), (0, "é")):
+        digest = hashlib.blake2b(f"{column}\x1f{value}".encode(), digest_size=8).digest()
+        assert feature_key(column, value) == int.from_bytes(digest, "little", signed=True)
+    negative = [v for v in (f"v{i}" for i in range(64)) if feature_key(1, v) < 0]
+    assert negative  # the signed reading matters: about half the keys are negative
+    assert column_keys(1, pa.array(negative))[0].tolist() == [
+        feature_key_reference(1, v) for v in negative
+    ]
+
+
+def test_keys_ignore_the_hash_seed() -> None:
+    code = (
+        "import pyarrow as pa; from heraldps.data.keys import column_keys, feature_key; "
+        "print(feature_key(3, 'a8cd5504'), column_keys(3, pa.array(['a8cd5504']))[0][0])"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    key = feature_key(3, "a8cd5504")
+    assert outputs == {f"{key} {key}"}
 
 
 @pytest.mark.parametrize(

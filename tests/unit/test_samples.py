@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heraldps.bundled import bundled_data
-from heraldps.datasets import SparseDataset, read_dataset
+from heraldps.data import DataSpec, SparseDataset, read_all
 from heraldps.errors import CacheTooSmall, InvalidArgument
 from heraldps.samples import decode_samples, encode_samples
 from scheduler_service.batch import Batch
@@ -17,7 +17,7 @@ from scheduler_service.scheduler import Scheduler
 from scheduler_service.simulate import largest_mini_batch, plan_all
 
 TRAIN, _ = bundled_data()
-DATA = read_dataset(TRAIN, "criteo", max_rows=600)
+DATA = read_all(DataSpec(str(TRAIN), stop_row=600))
 
 
 def test_take_gathers_rows_in_the_order_given() -> None:
