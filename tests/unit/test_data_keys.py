@@ -7,6 +7,7 @@ every test compares the compiled kernel with that definition.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -22,7 +23,7 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 
-def expected(column: int, values: list[str | None]) -> tuple[list[int], list[bool]]:
+def expected(column: int, values: Sequence[str | None]) -> tuple[list[int], list[bool]]:
     """The keys and present mask the formula gives (null and "" absent, key 0)."""
     keys = [feature_key_reference(column, v) if v else 0 for v in values]
     return keys, [bool(v) for v in values]
@@ -139,7 +140,7 @@ def test_sliced_arrays_read_from_their_offset(rows: int) -> None:
 
 
 def test_chunked_arrays_concatenate_in_order() -> None:
-    chunks = [["a", None, "b"], [], ["", "c"], ["a"] * 200]
+    chunks: list[list[str | None]] = [["a", None, "b"], [], ["", "c"], ["a"] * 200]
     chunked = pa.chunked_array([pa.array(c, type=pa.string()) for c in chunks], type=pa.string())
     flat = [v for c in chunks for v in c]
     assert as_lists(column_keys(11, chunked)) == expected(11, flat)
