@@ -45,9 +45,9 @@ from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.csv as pacsv  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 # Kaggle Criteo DAC vocabulary sizes of C1..C26 (/work/shared/data/CARDINALITIES.md).
 CARDINALITIES: tuple[int, ...] = (
