@@ -197,3 +197,12 @@ def test_a_large_array_matches_the_formula_cell_by_cell() -> None:
     assert as_lists(got) == expected(12, values)
     direct = keys_module._string_keys(keys_module._prefix(12), pa.array(values))
     assert np.array_equal(direct[0], got[0]) and np.array_equal(direct[1], got[1])
+
+
+def test_distinct_values_hash_as_they_are() -> None:
+    # A dictionary's values (what a reader that encodes itself passes): same keys, no re-encoding.
+    values = [f"d{i}" for i in range(500)] + ["", None]
+    got = as_lists(column_keys(8, pa.array(values), distinct=True))
+    assert got == expected(8, values)
+    ids = pa.array(list(range(-100, 400)), type=pa.int64())
+    assert as_lists(column_keys(8, ids, distinct=True)) == as_lists(column_keys(8, ids))
