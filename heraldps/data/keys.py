@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from heraldps.jit import njit
 
@@ -446,23 +446,29 @@ def _array_keys(column_index: int, array: pa.Array, encode: bool) -> tuple[Keys,
 _ENCODE_MIN_ROWS = 64
 
 
-def column_keys(column_index: int, values: pa.Array | pa.ChunkedArray) -> tuple[Keys, Mask]:
+def column_keys(
+    column_index: int, values: pa.Array | pa.ChunkedArray, *, distinct: bool = False
+) -> tuple[Keys, Mask]:
     """The key of every cell of one sparse column, and which cells are present.
 
     ``column_index`` is the column's position among the sparse columns (it is
     part of the hashed text, so equal values in different fields get different
     keys). Returns ``(keys, present)``: int64 keys (0 where absent) and a bool
-    mask, False for a null or empty cell. Each distinct value is hashed once.
+    mask, False for a null or empty cell. Each distinct value is hashed once:
+    the array is dictionary-encoded first, unless it is a dictionary array
+    already or the caller says its values are ``distinct`` (a dictionary's
+    values: then every cell is hashed as it is, without encoding it again).
     """
     _prefix(column_index)  # validate before any work
+    encode = not distinct
     if isinstance(values, pa.ChunkedArray):
-        parts = [_array_keys(column_index, chunk, encode=True) for chunk in values.chunks]
+        parts = [_array_keys(column_index, chunk, encode) for chunk in values.chunks]
         if not parts:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_)
         if len(parts) == 1:
             return parts[0]
         return np.concatenate([k for k, _ in parts]), np.concatenate([p for _, p in parts])
-    return _array_keys(column_index, values, encode=True)
+    return _array_keys(column_index, values, encode)
 
 
 def feature_key(column_index: int, value: str) -> int:

@@ -10,10 +10,11 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import numpy as np
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 
-def expected(column: int, values: list[str | None]) -> tuple[list[int], list[bool]]:
+def expected(column: int, values: Sequence[str | None]) -> tuple[list[int], list[bool]]:
     """The keys and present mask the formula gives (null and "" absent, key 0)."""
     keys = [feature_key_reference(column, v) if v else 0 for v in values]
     return keys, [bool(v) for v in values]
@@ -173,7 +174,7 @@ def test_sliced_arrays_read_from_their_offset(rows: int) -> None:
 
 
 def test_chunked_arrays_concatenate_in_order() -> None:
-    chunks = [["a", None, "b"], [], ["", "c"], ["a"] * 200]
+    chunks: list[list[str | None]] = [["a", None, "b"], [], ["", "c"], ["a"] * 200]
     chunked = pa.chunked_array([pa.array(c, type=pa.string()) for c in chunks], type=pa.string())
     flat = [v for c in chunks for v in c]
     assert as_lists(column_keys(11, chunked)) == expected(11, flat)
@@ -230,3 +231,12 @@ def test_a_large_array_matches_the_formula_cell_by_cell() -> None:
     assert as_lists(got) == expected(12, values)
     direct = keys_module._string_keys(keys_module._prefix(12), pa.array(values))
     assert np.array_equal(direct[0], got[0]) and np.array_equal(direct[1], got[1])
+
+
+def test_distinct_values_hash_as_they_are() -> None:
+    # A dictionary's values (what a reader that encodes itself passes): same keys, no re-encoding.
+    values = [f"d{i}" for i in range(500)] + ["", None]
+    got = as_lists(column_keys(8, pa.array(values), distinct=True))
+    assert got == expected(8, values)
+    ids = pa.array(list(range(-100, 400)), type=pa.int64())
+    assert as_lists(column_keys(8, ids, distinct=True)) == as_lists(column_keys(8, ids))
