@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from heraldps.client import PSClient
 from heraldps.data import SparseDataset, check
+from heraldps.data.global_batches import StreamedBatches
 from heraldps.errors import Aborted, AlreadyExists, HeraldError, ResourceExhausted, error_from_rpc
 from heraldps.healthcheck import wait_serving
 from heraldps.samples import encode_samples
@@ -34,7 +35,6 @@ from heraldps.security import ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_client.job import TrainingJob
-from worker_client.minibatch import StreamedBatches
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +163,10 @@ def run_feed(config: FeedConfig) -> None:
         start = int(status.next_batch_iteration)
         if not status.finished:
             log.info("submitting batches %d..%d of %d", start, len(batches) - 1, len(batches))
-            submit_batches(stub, batches.iter_from(start), start=start, patience=timeout,
-                           timeout=timeout, on_submitted=lambda t: metrics.submitted.set(t + 1))  # fmt: skip
+            submit_batches(
+                stub, batches.iter_from(start), start=start, patience=timeout, timeout=timeout,
+                on_submitted=lambda t: metrics.submitted.set(t + 1),
+            )  # fmt: skip
         metrics.submitted.set(len(batches))
         _wait_committed(stub, len(batches) - 1, timeout, metrics)
     log.info("all %d iterations committed", len(batches))

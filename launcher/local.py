@@ -30,6 +30,7 @@ import numpy.typing as npt
 from heraldps import checkpoints
 from heraldps.client import PSClient
 from heraldps.data import DataSpec, SparseDataset, stream
+from heraldps.data.global_batches import GlobalBatches, InMemoryBatches
 from heraldps.data.key_union import distinct_keys as distinct_keys_of
 from heraldps.errors import HeraldError
 from heraldps.modes import HET_MODE
@@ -52,7 +53,7 @@ from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
 from launcher.netns import ClusterNetwork
 from worker_client.evaluation import auc, logloss
 from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
-from worker_client.minibatch import GlobalBatches, InMemoryBatches, select
+from worker_client.minibatch import select
 from worker_client.timing import PHASES, network_share
 
 

@@ -69,9 +69,7 @@ def check_cache(
 
     if isinstance(data, SparseDataset):
         rows, distinct = data.rows, data.distinct_keys()
-        one_pass: GlobalBatches = InMemoryBatches(
-            data, workers * batch_size_per_worker, iterations
-        )
+        one_pass: GlobalBatches = InMemoryBatches(data, workers * batch_size_per_worker, iterations)
         every_pass: GlobalBatches = InMemoryBatches(
             data, workers * batch_size_per_worker, iterations, epochs
         )

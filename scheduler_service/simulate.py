@@ -180,7 +180,7 @@ def simulate(
     capacity = config.cache_rows(distinct_keys)
     batches = config.batches(data)
     seconds: dict[str, float] = {}
-    schedulers = plan_modes(batches, config.workers, capacity, MODES, progress, seconds)
+    schedulers = plan_modes(batches, config.workers, capacity, list(MODES), progress, seconds)
     modes = {mode: mode_counts(schedulers[mode], seconds[mode]) for mode in MODES}
     rows = data.rows if isinstance(data, SparseDataset) else batches_rows(batches)
     return {

@@ -14,13 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.data import SparseDataset
-from heraldps.data.global_batches import (  # noqa: F401  (re-exported: the feeder's batches)
-    GlobalBatches,
-    InMemoryBatches,
-    StreamedBatches,
-    batch_count,
-    global_batches,
-)
+from heraldps.data.global_batches import global_batches as global_batches  # re-exported
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import distinct
 

@@ -98,5 +98,3 @@ class InMemoryBatches:
 
 
 GlobalBatches = StreamedBatches | InMemoryBatches
-
-

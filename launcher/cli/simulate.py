@@ -91,11 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
 def field_counts(profile: DataProfile) -> list[dict[str, object]]:
     """Per sparse column: distinct values and distinct keys (equal unless keys collide)."""
-    return [
-        {"column": f, "distinct_values": v, "distinct_keys": k}
-        for f, v, k in zip(profile.fields, profile.distinct_values, profile.distinct_keys,
-                           strict=True)  # fmt: skip
-    ]
+    counts = zip(profile.fields, profile.distinct_values, profile.distinct_keys, strict=True)
+    return [{"column": f, "distinct_values": v, "distinct_keys": k} for f, v, k in counts]
 
 
 def collision_line(fields: list[dict[str, object]]) -> str:
