@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -175,7 +176,7 @@ def ensure_files(rows: int, folder: Path, seed: int) -> tuple[Path, Path]:
 # ------------------------------------------------------------ keys benchmark
 
 
-def keys_table(parquet: Path | None) -> list[dict[str, Any]]:
+def keys_table(parquet: Path | None, rounds: int = 5) -> list[dict[str, Any]]:
     """Time key hashing of one Criteo batch (26 string columns) several ways, plus raw rates."""
     import hashlib
     from concurrent.futures import ThreadPoolExecutor
@@ -223,28 +224,34 @@ def keys_table(parquet: Path | None) -> list[dict[str, Any]]:
         "dictionary_encode alone (no hashing)": lambda i, a: pc.dictionary_encode(a),
         "numba kernel, distinct values [column_keys]": keys_module.column_keys,
     }
+    # Rounds alternate the variants (each timed once per round) and the table gives
+    # medians, so a burst of load on a shared machine hits every variant alike.
     pool = ThreadPoolExecutor(2)
-    out = []
-    for name, fn in variants.items():
-        reps = 2 if name.startswith("hashlib") else 5
-        best_wall, best_cpu = float("inf"), float("inf")
-        for _ in range(reps):
+    wall_s: dict[str, list[float]] = {name: [] for name in variants}
+    cpu_s: dict[str, list[float]] = {name: [] for name in variants}
+    threads_s: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
             cpu, wall = time.thread_time(), time.perf_counter()
             for i, a in enumerate(columns):
                 fn(i, a)
-            best_cpu = min(best_cpu, time.thread_time() - cpu)
-            best_wall = min(best_wall, time.perf_counter() - wall)
-        threads = float("inf")
-        if not name.startswith("hashlib"):
-            for _ in range(reps):
+            cpu_s[name].append(time.thread_time() - cpu)
+            wall_s[name].append(time.perf_counter() - wall)
+            if not name.startswith("hashlib"):
                 wall = time.perf_counter()
                 list(pool.map(fn, range(len(columns)), columns))
-                threads = min(threads, time.perf_counter() - wall)
-        out.append(
-            {"variant": name, "ms": best_wall * 1e3, "cpu_ms": best_cpu * 1e3,
-             "ns_per_row": best_cpu / rows * 1e9, "two_threads_ms": threads * 1e3}
-        )  # fmt: skip
+                threads_s[name].append(time.perf_counter() - wall)
     pool.shutdown()
+    out = []
+    for name in variants:
+        cpu_median = statistics.median(cpu_s[name])
+        two = statistics.median(threads_s[name]) if threads_s[name] else float("inf")
+        out.append(
+            {"variant": name, "ms": statistics.median(wall_s[name]) * 1e3,
+             "cpu_ms": cpu_median * 1e3, "ns_per_row": cpu_median / rows * 1e9,
+             "cpu_ms_min_max": [min(cpu_s[name]) * 1e3, max(cpu_s[name]) * 1e3],
+             "two_threads_ms": two * 1e3}
+        )  # fmt: skip
     rng = np.random.default_rng(1)
     short = pa.array(np.char.mod("%08x", rng.integers(0, 2**32, 200_000)).tolist())
     cpu = time.thread_time()
@@ -282,12 +289,15 @@ def print_keys(table: list[dict[str, Any]], compile_times: tuple[float, float]) 
         f"\nKey hashing, one Criteo batch: {batch['rows']:,} rows x 26 string columns, "
         f"{batch['distinct_values']:,} distinct (column, value) pairs"
     )
+    print("Medians of alternating rounds (CPU time of the calling thread; min-max in brackets).")
     print("| variant | wall ms/batch | CPU ms/batch | CPU ns/row | 2 threads wall ms |")
     print("|---|---:|---:|---:|---:|")
     for r in table:
         if "ms" in r:
             two = "" if r["two_threads_ms"] == float("inf") else f"{r['two_threads_ms']:.1f}"
-            cells = f"{r['ms']:.1f} | {r['cpu_ms']:.1f} | {r['ns_per_row']:.0f} | {two}"
+            low, high = r["cpu_ms_min_max"]
+            cpu = f"{r['cpu_ms']:.1f} [{low:.0f}-{high:.0f}]"
+            cells = f"{r['ms']:.1f} | {cpu} | {r['ns_per_row']:.0f} | {two}"
             print(f"| {r['variant']} | {cells} |")
     rates = next(r for r in table if r["variant"].startswith("hashes/s"))
     print(

@@ -108,3 +108,19 @@ def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:
         gen.generate(-1, tmp_path / "x.tsv")
     with pytest.raises(ValueError, match="multiple of 65536"):
         gen.generate(10, tmp_path / "x.tsv", row_group_rows=1000)
+
+
+def test_bench_data_measures_the_raw_parse_in_a_child(files: tuple[Path, Path]) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "bench_data", ROOT / "benchmarks" / "bench_data.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tsv, parquet = files
+    for kind, path in (("raw-tsv", tsv), ("raw-parquet", parquet)):
+        got = bench.measure(kind, path, timeout=120)
+        assert got["rows"] == ROWS, got
+        assert got["rows_per_s"] > 0 and 20 < got["rss_mb"] < 2000
+    failed = bench.measure("raw-tsv", tsv.parent / "missing.tsv", timeout=120)
+    assert "error" in failed and "exit 1" in failed["error"]
