@@ -15,8 +15,11 @@ so its peak RSS (``ru_maxrss`` of that child, from ``wait4``) is its own:
     all 40 columns, ``use_threads``), and of the Parquet file by row group;
 (b) ``reader``: ``heraldps.data.reader.stream(DataSpec(...))`` consuming every
     chunk (keys, dense transform, labels), from the TSV and from the Parquet file;
-(c) ``simulate``: ``python -m launcher simulate --data FILE`` wall time and RSS
-    (skipped with a note if it fails, e.g. before simulate streams).
+(c) ``feed``: what the feeder does per global batch of 4 x 1024 rows, less the RPC
+    (``StreamedBatches`` after a first pass, each batch's samples encoded as in
+    ``SubmitBatch``): its memory must stay flat over the file;
+(d) ``simulate``: ``python -m launcher simulate --data FILE`` wall time and RSS
+    (skipped with a note if it fails).
 
 ``keys`` times key hashing on one Criteo batch (65,536 rows x 26 columns)
 against the hashlib baseline. Targets (issue 22): reader >= 300k rows/s from
@@ -74,11 +77,29 @@ def _child_raw_parquet(path: str) -> int:
 
 
 def _child_reader(path: str) -> int:
-    # The reader lands with the data branch; until then this measurement is reported as skipped.
-    from heraldps.data.reader import stream  # type: ignore[import-not-found, unused-ignore]
-    from heraldps.data.spec import DataSpec  # type: ignore[import-not-found, unused-ignore]
+    from heraldps.data.reader import stream
+    from heraldps.data.spec import DataSpec
 
     return sum(chunk.rows for chunk in stream(DataSpec(source=path, format="criteo"), BATCH_ROWS))
+
+
+FEED_BATCH = 4096  # 4 workers x 1024
+
+
+def _child_feed(path: str) -> int:
+    """What the feeder does per global batch, less the RPC: cut the batch from the stream
+    and encode its samples into the SubmitBatch message."""
+    from heraldps.data.global_batches import StreamedBatches
+    from heraldps.data.reader import scan
+    from heraldps.data.spec import DataSpec
+    from heraldps.samples import encode_samples
+
+    spec = DataSpec(source=path, format="criteo")
+    rows = scan(spec).rows  # the first pass a feeder's job records as train_rows
+    sent = 0
+    for batch in StreamedBatches(spec, rows, FEED_BATCH, None).iter_from(0):
+        sent += len(encode_samples(batch).SerializeToString()) and batch.rows
+    return sent
 
 
 CHILDREN = {
@@ -86,6 +107,7 @@ CHILDREN = {
     "raw-parquet": _child_raw_parquet,
     "reader-tsv": _child_reader,
     "reader-parquet": _child_reader,
+    "feed-tsv": _child_feed,
 }
 
 
@@ -321,8 +343,8 @@ def main() -> int:
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=["raw", "reader", "simulate", "keys"],
-        default=["raw", "reader", "simulate", "keys"],
+        choices=["raw", "reader", "feed", "simulate", "keys"],
+        default=["raw", "reader", "feed", "simulate", "keys"],
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
@@ -352,7 +374,7 @@ def main() -> int:
             for kind, path in (("reader-tsv", warm_tsv), ("reader-parquet", warm_parquet)):
                 measure(kind, path, args.timeout)
         for rows in args.rows:
-            if not set(args.only) & {"raw", "reader", "simulate"}:
+            if not set(args.only) & {"raw", "reader", "feed", "simulate"}:
                 break
             tsv, parquet = ensure_files(rows, folder, args.seed)
             parquet_for_keys = parquet
@@ -362,6 +384,8 @@ def main() -> int:
                 plan += [("raw-tsv", tsv), ("raw-parquet", parquet)]
             if "reader" in args.only:
                 plan += [("reader-tsv", tsv), ("reader-parquet", parquet)]
+            if "feed" in args.only:
+                plan += [("feed-tsv", tsv)]
             for kind, path in plan:
                 print(f"  {rows:,} rows: {kind} ...", file=sys.stderr, flush=True)
                 found.append(measure(kind, path, args.timeout))
@@ -421,7 +445,7 @@ def print_targets(sizes: dict[str, list[dict[str, Any]]]) -> None:
                 faster = pq_["rows_per_s"] > speed
                 print(f"  Parquet {pq_['rows_per_s']:,.0f} rows/s faster than TSV: "
                       f"{'met' if faster else 'MISSED'}")  # fmt: skip
-        for kind in ("reader-tsv", "reader-parquet", "simulate"):
+        for kind in ("reader-tsv", "reader-parquet", "feed-tsv", "simulate"):
             r = get.get((rows, kind))
             if r and int(rows) >= 10_000_000:
                 ok = r["rss_mb"] <= 1024
@@ -429,7 +453,7 @@ def print_targets(sizes: dict[str, list[dict[str, Any]]]) -> None:
                     f"  {kind} peak RSS {r['rss_mb']:.0f} MB <= 1 GB: {'met' if ok else 'MISSED'}"
                 )
     small, big = "1000000", "10000000"
-    for kind in ("reader-tsv", "reader-parquet", "simulate"):
+    for kind in ("reader-tsv", "reader-parquet", "feed-tsv", "simulate"):
         a, b = get.get((small, kind)), get.get((big, kind))
         if a and b:
             ratio = b["rss_mb"] / a["rss_mb"]
