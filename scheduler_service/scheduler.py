@@ -16,6 +16,7 @@ pulls the previous iteration cannot change.
 from __future__ import annotations
 
 import abc
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,11 +57,13 @@ class Assignment:
 
 
 class Partitioner(abc.ABC):
-    """Decides which worker trains each sample of a batch (scoring sample i, if it
-    does, with the mirror's ``seen`` stamp ``mirror.samples_seen + i``)."""
+    """Decides which worker trains each sample of a batch, from the batch's local key ids
+    (``lids``) and which workers hold each of its distinct keys validly (``holders``)."""
 
     @abc.abstractmethod
-    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
+    def assign(
+        self, batch: Batch, lids: npt.NDArray[np.int64], holders: npt.NDArray[np.uint64]
+    ) -> Assignment:
         """Worker of every sample; each worker gets exactly ``samples_per_worker``."""
 
 
@@ -70,23 +73,25 @@ class SequentialPartitioner(Partitioner):
     Its locality costs one scoring pass over the batch (Algorithm 1's, without choosing).
     """
 
-    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
+    def assign(
+        self, batch: Batch, lids: npt.NDArray[np.int64], holders: npt.NDArray[np.uint64]
+    ) -> Assignment:
         workers = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
         held, local = kernels.assignment_locality(
-            batch.offsets, kids, mirror.holders, mirror.seen, mirror.samples_seen, workers,
-            batch.num_workers,
-        )  # fmt: skip
+            batch.offsets, lids, holders, workers, batch.num_workers
+        )
         return Assignment(workers, int(held), int(local))
 
 
 class LocationAwarePartitioner(Partitioner):
     """Herald Algorithm 1, scored on the mirror's valid copies at the start of the batch."""
 
-    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
+    def assign(
+        self, batch: Batch, lids: npt.NDArray[np.int64], holders: npt.NDArray[np.uint64]
+    ) -> Assignment:
         workers, held, local = kernels.location_aware_assign(
-            batch.offsets, kids, mirror.holders, mirror.seen, mirror.samples_seen,
-            batch.num_workers, batch.samples_per_worker,
-        )  # fmt: skip
+            batch.offsets, lids, holders, batch.num_workers, batch.samples_per_worker
+        )
         return Assignment(workers, int(held), int(local))
 
 
@@ -164,7 +169,12 @@ class Scheduler:
     so the PS alone holds the model once t is committed."""
 
     def __init__(
-        self, num_workers: int, capacity: int, mode: str = "herald", checkpoint_every: int = 0
+        self,
+        num_workers: int,
+        capacity: int,
+        mode: str = "herald",
+        checkpoint_every: int = 0,
+        expected_keys: int = 0,
     ) -> None:
         if mode not in MODES:
             raise InvalidArgument(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -173,7 +183,7 @@ class Scheduler:
         self.partitioner = partitioner()
         self.planner = planner()
         self.early = EarlyPulls() if mode == PIPELINED_MODE else None
-        self.mirror = CacheMirror(num_workers, capacity)
+        self.mirror = CacheMirror(num_workers, capacity, expected_keys)
         self.counts = Traffic()
         self.checkpoint_every = checkpoint_every
         self.next_iteration: int | None = None
@@ -192,14 +202,14 @@ class Scheduler:
         mirror = self.mirror
         n = mirror.num_workers
         check_next_batch(batch, n, self.next_iteration)
-        kids = mirror.kids(batch.keys)
-        # The stamps only tell scratch entries of this batch from older ones, so
-        # they advance even when the batch is then rejected.
-        assignment = self.partitioner.assign(batch, kids, mirror)
+        lids, uniq = mirror.local_ids(batch.keys)
+        kids = mirror.kids(uniq)
+        holders = kernels.gather_holders(kids, mirror.holders)
+        assignment = self.partitioner.assign(batch, lids, holders)
         assign = assignment.workers
         mirror.samples_seen += batch.samples
-        batch_keys, wl_offsets, wl_kids = kernels.worker_lists(
-            batch.offsets, kids, assign, n, mirror.stamp, mirror.trainers, mirror.batches_seen
+        wl_offsets, wl_lids, trainers = kernels.worker_lists(
+            batch.offsets, lids, assign, n, uniq.shape[0]
         )
         mirror.batches_seen += 1
         sizes = np.diff(wl_offsets)
@@ -209,17 +219,14 @@ class Scheduler:
         # Validated: from here on the mirror changes.
         flush_workers, flush_keys = self._checkpoint_flush()
         mirror.reserve(wl_offsets)
-        (ev_offsets, evicted, pl_offsets, pulled, trained, co_start, dirty_evicted,
-         hits) = kernels.cache_ops(
-            wl_offsets, wl_kids, n, mirror.capacity, mirror.holders, mirror.present,
-            mirror.trainers, mirror.dirty_owner, mirror.key, mirror.positions, mirror.table,
-            mirror.dense, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
-        )  # fmt: skip
+        out, counts, victims = _cache_ops(mirror, wl_offsets, wl_lids, kids, uniq, holders,
+                                          trainers)  # fmt: skip
+        dirty_evicted = kernels.drop_victims(wl_offsets, counts, victims, mirror.holders)
         prev_workers, prev_keys, now_workers, now_keys = kernels.settle(
-            batch_keys, mirror.trainers, mirror.holders, mirror.dirty_owner, mirror.key,
+            kids, uniq, trainers, mirror.holders, mirror.dirty_owner, mirror.key,
             dirty_evicted, self.planner.on_demand,
         )  # fmt: skip
-        self.counts.hits += int(hits)
+        self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
 
@@ -229,17 +236,21 @@ class Scheduler:
         samples_order = np.argsort(assign, kind="stable")
         m = batch.samples_per_worker
         wb_offsets, wb_keys = _sorted_by_worker(now_workers, now_keys, n)
+        checkpoint = is_checkpoint(batch.iteration, self.checkpoint_every)
+        starts, ends = wl_offsets[:-1].tolist(), wl_offsets[1:].tolist()
+        pulls, evicts, locals_ = counts[:, 0].tolist(), counts[:, 1].tolist(), counts[:, 2].tolist()
+        pulled, evicted, trained = out[0], out[1], out[2]
         plans = [
             CommPlan(
                 iteration=batch.iteration,
                 worker=w,
                 samples=samples_order[w * m : (w + 1) * m],
-                evict=evicted[ev_offsets[w] : ev_offsets[w + 1]],
-                pull=pulled[pl_offsets[w] : pl_offsets[w + 1]],
-                update_local=trained[wl_offsets[w] : co_start[w]],
-                push_grads=trained[co_start[w] : wl_offsets[w + 1]],
+                evict=evicted[starts[w] : starts[w] + evicts[w]],
+                pull=pulled[starts[w] : starts[w] + pulls[w]],
+                update_local=trained[starts[w] : locals_[w]],
+                push_grads=trained[locals_[w] : ends[w]],
                 write_back=wb_keys[wb_offsets[w] : wb_offsets[w + 1]],
-                checkpoint=is_checkpoint(batch.iteration, self.checkpoint_every),
+                checkpoint=checkpoint,
             )
             for w in range(n)
         ]
@@ -280,6 +291,51 @@ class Scheduler:
             self.counts.add_plan(plan)
         released, self._pending = self._pending, []
         return released
+
+
+PARALLEL_PAIRS = 32_768  # below this many (key, worker) pairs, one thread is faster
+_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-cache-ops")
+
+
+def _cache_ops(
+    mirror: CacheMirror,
+    wl_offsets: npt.NDArray[np.int64],
+    wl_lids: npt.NDArray[np.int64],
+    kids: npt.NDArray[np.int64],
+    uniq: npt.NDArray[np.int64],
+    holders: npt.NDArray[np.uint64],
+    trainers: npt.NDArray[np.uint64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Stage 3 (``kernels.cache_ops``) for every worker: on two threads, each with about
+    half of the (key, worker) pairs, when the batch is big enough to pay for it.
+
+    Returns (out_keys, counts, victims) as ``kernels.cache_ops`` fills them."""
+    n = mirror.num_workers
+    total = int(wl_offsets[-1])
+    out = np.empty((4, total), np.int64)
+    counts = np.zeros((n, 4), np.int64)
+    victims = np.empty(total, np.int64)
+    need = np.diff(wl_offsets)
+
+    def run(workers: npt.NDArray[np.int64]) -> None:
+        mirror.grow_tables(workers.tolist(), need)
+        kernels.cache_ops(
+            workers, wl_offsets, wl_lids, kids, uniq, holders, trainers, mirror.capacity,
+            mirror.tables, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
+            mirror.dirty_owner, mirror.key, out, counts, victims,
+        )  # fmt: skip
+
+    if total < PARALLEL_PAIRS or n == 1:
+        run(np.arange(n, dtype=np.int64))
+    else:
+        split = int(np.searchsorted(wl_offsets, total // 2))
+        split = min(max(split, 1), n - 1)
+        second = _helper.submit(run, np.arange(split, n, dtype=np.int64))
+        try:
+            run(np.arange(split, dtype=np.int64))
+        finally:
+            second.result()
+    return out, counts, victims
 
 
 def _sorted_by_worker(
@@ -342,12 +398,14 @@ class SampleScheduler:
 
 
 def make_scheduler(
-    num_workers: int, capacity: int, mode: str, checkpoint_every: int = 0
+    num_workers: int, capacity: int, mode: str, checkpoint_every: int = 0, expected_keys: int = 0
 ) -> Scheduler | SampleScheduler:
-    """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``."""
+    """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``.
+
+    ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front."""
     if mode == HET_MODE:
         return SampleScheduler(num_workers, capacity, checkpoint_every)
-    return Scheduler(num_workers, capacity, mode, checkpoint_every)
+    return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys)
 
 
 SERVICE_MODES = ALL_MODES
