@@ -53,23 +53,26 @@ def mix(x):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     return h ^ (h >> np.uint64(29))
 
 
-# ----- stage 0: local ids -------------------------------------------------------
-@njit(nogil=True)
-def local_ids(keys, table):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Local id of every key (distinct keys numbered in order of first occurrence).
+# ----- stage 0: local ids and the batch's key rows ---------------------------------
+# ``info[lid]`` (uint64 [nb, 4], one 32-byte row per distinct key of the batch):
+KID, KEY, HOLDERS, TRAINERS = 0, 1, 2, 3
 
-    ``table`` is an all-EMPTY ``[S, 2]`` scratch table (key, lid), S a power of two;
-    it is left all-EMPTY again. Returns (lids, distinct keys); (None-like) an empty
-    ``lids`` when more than S / 2 distinct keys came (the caller retries with 2 S).
+
+@njit(nogil=True)
+def local_ids(keys, table, lids, start):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Number the distinct keys of ``keys`` in order of first occurrence, writing each
+    key's number to ``lids[start + i]``.
+
+    ``table`` is an all-EMPTY ``[S, 2]`` scratch table (key, lid), S a power of two, left
+    holding the keys (:func:`clear_slots` empties it). Returns (distinct keys, their
+    slots); both empty when more than S / 2 distinct keys came (retry with 2 S).
     """
     n = keys.shape[0]
     mask = np.uint64(table.shape[0] - 1)
     limit = table.shape[0] // 2
-    lids = np.empty(n, dtype=np.int64)
     uniq = np.empty(min(n, limit), dtype=np.int64)
     slot_of = np.empty(min(n, limit), dtype=np.int64)
     nb = 0
-    full = False
     for i in range(min(PREFETCH_DISTANCE, n)):
         prefetch(table, mix(keys[i]) & mask)
     for i in range(n):
@@ -81,158 +84,178 @@ def local_ids(keys, table):  # type: ignore[no-untyped-def]  # pragma: no cover
             s = (s + np.uint64(1)) & mask
         if table[s, 1] == EMPTY:
             if nb == limit:
-                full = True
-                break
+                clear_slots(table, slot_of[:nb])
+                return uniq[:0], slot_of[:0]
             table[s, 0] = k
             table[s, 1] = nb
             uniq[nb] = k
             slot_of[nb] = s
             nb += 1
-        lids[i] = table[s, 1]
-    for j in range(nb):
-        table[slot_of[j], 1] = EMPTY
-    if full:
-        return lids[:0], uniq[:0]
-    return lids, uniq[:nb]
+        lids[start + i] = table[s, 1]
+    return uniq[:nb], slot_of[:nb]
 
 
 @njit(nogil=True)
-def gather_holders(kids, holders):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """``holders[kids]`` with the record 16 keys ahead prefetched."""
+def clear_slots(table, slots):  # type: ignore[no-untyped-def]  # pragma: no cover
+    for j in range(slots.shape[0]):
+        table[slots[j], 1] = EMPTY
+
+
+@njit(nogil=True)
+def merge_local_ids(table, first, second, lids, start):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Join the numbering of a batch's second half (``second``, its lids at
+    ``lids[start:]``) to the first's (``first``, in ``table``): keys the first half has
+    keep its number, the others follow in their order. Returns the batch's distinct keys."""
+    nfirst = first.shape[0]
+    mask = np.uint64(table.shape[0] - 1)
+    remap = np.empty(second.shape[0], dtype=np.int64)
+    uniq = np.empty(nfirst + second.shape[0], dtype=np.int64)
+    uniq[:nfirst] = first
+    nb = nfirst
+    m = second.shape[0]
+    for j in range(min(PREFETCH_DISTANCE, m)):
+        prefetch(table, mix(second[j]) & mask)
+    for j in range(m):
+        if j + PREFETCH_DISTANCE < m:
+            prefetch(table, mix(second[j + PREFETCH_DISTANCE]) & mask)
+        k = second[j]
+        s = mix(k) & mask
+        while table[s, 1] != EMPTY and table[s, 0] != k:
+            s = (s + np.uint64(1)) & mask
+        if table[s, 1] != EMPTY:
+            remap[j] = table[s, 1]
+        else:
+            remap[j] = nb
+            uniq[nb] = k
+            nb += 1
+    for i in range(start, lids.shape[0]):
+        lids[i] = remap[lids[i]]
+    return uniq[:nb]
+
+
+@njit(nogil=True)
+def key_rows(kids, uniq, holders, info):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Fill ``info`` (KID, KEY, HOLDERS; TRAINERS 0) for the batch's distinct keys, the
+    record of the key 16 ahead prefetched. A kid < 0 (a key not registered yet) holds
+    nothing."""
     n = kids.shape[0]
-    out = np.empty(n, dtype=np.uint64)
     for i in range(min(PREFETCH_DISTANCE, n)):
-        prefetch(holders, kids[i])
+        if kids[i] >= 0:
+            prefetch(holders, kids[i])
     for i in range(n):
-        if i + PREFETCH_DISTANCE < n:
+        if i + PREFETCH_DISTANCE < n and kids[i + PREFETCH_DISTANCE] >= 0:
             prefetch(holders, kids[i + PREFETCH_DISTANCE])
-        out[i] = holders[kids[i]]
-    return out
-
-
-# ----- stage 1: partition ----------------------------------------------------
-@njit(nogil=True, inline="always")
-def _score(offsets, lids, holders_l, seen, i, scores, touched):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """``scores[w]`` = distinct keys of sample ``i`` that worker w holds validly, for the
-    workers listed in ``touched[:count]`` (the others score 0); returns count."""
-    count = 0
-    for p in range(offsets[i], offsets[i + 1]):
-        lid = lids[p]
-        if seen[lid] == i:
-            continue
-        seen[lid] = i
-        mask = holders_l[lid]
-        while mask:
-            low = mask & (~mask + np.uint64(1))
-            w = bit_index(low)
-            if scores[w] == 0:
-                touched[count] = w
-                count += 1
-            scores[w] += 1
-            mask ^= low
-    return count
+        k = kids[i]
+        info[i, KID] = k
+        info[i, KEY] = uniq[i]
+        info[i, HOLDERS] = holders[k] if k >= 0 else np.uint64(0)
+        info[i, TRAINERS] = 0
 
 
 @njit(nogil=True)
-def location_aware_assign(offsets, lids, holders_l, num_workers, per_worker):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Herald Algorithm 1: each sample, in input order, goes to the worker with room
-    whose cache holds the most of its distinct keys validly (ties: lowest id).
+def set_kids(info, kids):  # type: ignore[no-untyped-def]  # pragma: no cover
+    for i in range(kids.shape[0]):
+        info[i, KID] = kids[i]
 
-    Only the workers that hold a key of the sample are scored; when none of those has
-    room, the lowest-id worker with room wins (all others score 0). Also returns the
-    locality counts of :func:`assignment_locality`, from the same scores.
+
+# ----- stage 1: partition and mini-batches, one pass --------------------------
+@njit(nogil=True)
+def partition(offsets, lids, info, num_workers, per_worker, given):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Each sample's worker and, in the same pass, each worker's mini-batch keys.
+
+    With ``given`` empty: Herald Algorithm 1, each sample, in input order, goes to the
+    worker with room whose cache holds the most of its distinct keys validly (ties: lowest
+    id); only the workers that hold a key of the sample are scored, and when none of those
+    has room the lowest-id worker with room wins (all others score 0). Otherwise sample i
+    goes to ``given[i]``. Either way: ``held`` = samples some worker holds a key of
+    validly, ``local`` = those assigned to a worker holding the most of their keys
+    (ignoring room).
+
+    The mini-batches: distinct keys (lids) of each worker's samples in first-occurrence
+    order, grouped by worker (worker w's at ``wl_offsets[w]:wl_offsets[w + 1]``); sets
+    ``info[lid, TRAINERS]`` (bit w: worker w trains the key).
     """
     samples = offsets.shape[0] - 1
+    total = lids.shape[0]
+    choose = given.shape[0] == 0
     room = np.full(num_workers, per_worker, dtype=np.int64)
     assign = np.empty(samples, dtype=np.int64)
     scores = np.zeros(num_workers, dtype=np.int64)
     touched = np.empty(num_workers, dtype=np.int64)
-    seen = np.full(holders_l.shape[0], -1, dtype=np.int64)
+    seen = np.full(info.shape[0], -1, dtype=np.int32)
+    pairs = np.empty(total, dtype=np.int64)  # lid << 8 | worker
+    npairs = 0
     first_free = 0
     held = 0
     local = 0
+    for p in range(min(PREFETCH_DISTANCE, total)):
+        prefetch(info, lids[p])
+        prefetch(seen, lids[p])
     for i in range(samples):
-        count = _score(offsets, lids, holders_l, seen, i, scores, touched)
-        best = -1
-        best_score = 0
+        count = 0
+        for p in range(offsets[i], offsets[i + 1]):
+            if p + PREFETCH_DISTANCE < total:
+                prefetch(info, lids[p + PREFETCH_DISTANCE])
+                prefetch(seen, lids[p + PREFETCH_DISTANCE])
+            lid = lids[p]
+            if seen[lid] == i:
+                continue
+            seen[lid] = i
+            mask = info[lid, HOLDERS]
+            while mask:
+                low = mask & (~mask + np.uint64(1))
+                w = bit_index(low)
+                if scores[w] == 0:
+                    touched[count] = w
+                    count += 1
+                scores[w] += 1
+                mask ^= low
         top = 0
+        if choose:
+            best = -1
+            best_score = 0
+            for j in range(count):
+                w = touched[j]
+                sc = scores[w]
+                top = max(top, sc)
+                if room[w] > 0 and (sc > best_score or (sc == best_score and w < best)):
+                    best = w
+                    best_score = sc
+            if best < 0:
+                while room[first_free] == 0:
+                    first_free += 1
+                best = first_free
+            room[best] -= 1
+        else:
+            best = given[i]
+            best_score = scores[best]
+            for j in range(count):
+                top = max(top, scores[touched[j]])
         for j in range(count):
-            w = touched[j]
-            s = scores[w]
-            scores[w] = 0
-            top = max(top, s)
-            if room[w] > 0 and (s > best_score or (s == best_score and w < best)):
-                best = w
-                best_score = s
-        if best < 0:
-            while room[first_free] == 0:
-                first_free += 1
-            best = first_free
+            scores[touched[j]] = 0
         assign[i] = best
-        room[best] -= 1
         if top > 0:
             held += 1
             if best_score == top:
                 local += 1
-    return assign, held, local
-
-
-@njit(nogil=True)
-def assignment_locality(offsets, lids, holders_l, assign, num_workers):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """How local an assignment is, on the valid copies at the start of the batch:
-    ``held`` = samples some worker holds at least one key of validly, ``local`` = those
-    assigned to a worker that holds the most of their keys (ignoring room)."""
-    scores = np.zeros(num_workers, dtype=np.int64)
-    touched = np.empty(num_workers, dtype=np.int64)
-    seen = np.full(holders_l.shape[0], -1, dtype=np.int64)
-    held = 0
-    local = 0
-    for i in range(offsets.shape[0] - 1):
-        count = _score(offsets, lids, holders_l, seen, i, scores, touched)
-        mine = scores[assign[i]]
-        top = 0
-        for j in range(count):
-            top = max(top, scores[touched[j]])
-            scores[touched[j]] = 0
-        if top > 0:
-            held += 1
-            if mine == top:
-                local += 1
-    return held, local
-
-
-# ----- stage 2: mini-batches --------------------------------------------------
-@njit(nogil=True)
-def worker_lists(offsets, lids, assign, num_workers, distinct):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Distinct keys (lids) of each worker's mini-batch, in first-occurrence order,
-    grouped by worker (worker w's at ``offsets_out[w]:offsets_out[w + 1]``), and
-    ``trainers[lid]`` (bit w: worker w trains the key this batch)."""
-    total = lids.shape[0]
-    trainers = np.zeros(distinct, dtype=np.uint64)
-    pair_worker = np.empty(total, dtype=np.int64)
-    pair_lid = np.empty(total, dtype=np.int64)
-    npairs = 0
-    for i in range(offsets.shape[0] - 1):
-        w = assign[i]
-        bit = np.uint64(1) << np.uint64(w)
+        bit = np.uint64(1) << np.uint64(best)
         for p in range(offsets[i], offsets[i + 1]):
             lid = lids[p]
-            if not trainers[lid] & bit:
-                trainers[lid] |= bit
-                pair_worker[npairs] = w
-                pair_lid[npairs] = lid
+            if not info[lid, TRAINERS] & bit:
+                info[lid, TRAINERS] |= bit
+                pairs[npairs] = (np.int64(lid) << 8) | best
                 npairs += 1
     counts = np.zeros(num_workers + 1, dtype=np.int64)
     for q in range(npairs):
-        counts[pair_worker[q] + 1] += 1
-    offsets_out = np.cumsum(counts)
-    fill = offsets_out[:-1].copy()
-    out = np.empty(npairs, dtype=np.int64)
+        counts[(pairs[q] & 255) + 1] += 1
+    wl_offsets = np.cumsum(counts)
+    fill = wl_offsets[:-1].copy()
+    wl_lids = np.empty(npairs, dtype=np.int64)
     for q in range(npairs):
-        w = pair_worker[q]
-        out[fill[w]] = pair_lid[q]
+        w = pairs[q] & 255
+        wl_lids[fill[w]] = pairs[q] >> 8
         fill[w] += 1
-    return offsets_out, out, trainers
+    return assign, held, local, wl_offsets, wl_lids
 
 
 # ----- per-worker position tables ------------------------------------------------
@@ -304,10 +327,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     workers,
     wl_offsets,
     wl_lids,
-    kid_of,
-    key_of_lid,
-    holders_l,
-    trainers,
+    info,
     capacity,
     tables,
     queue,
@@ -325,7 +345,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     Workers are independent here (each has its own queue and position table, and the
     pass writes no shared record), so two calls on disjoint sets of workers may run at
     once. A key is cached by w iff its kid is in w's position table; whether w's copy
-    is valid is bit w of ``holders_l`` (as at the start of the batch: w's evictions
+    is valid is bit w of ``info[lid, HOLDERS]`` (as at the start of the batch: w's evictions
     only drop keys w has not touched in this batch).
 
     Worker w's outputs go to its region ``r = wl_offsets[w]:wl_offsets[w + 1]`` of the
@@ -348,22 +368,30 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
         nhits = 0
         nlocal = start
         nco = start
+        # Two levels: the key's row 2 x 16 places ahead, its table slot (which needs
+        # the row's kid) 16 places ahead, by when the row has arrived.
+        for q in range(start, min(start + 2 * PREFETCH_DISTANCE, end)):
+            prefetch(info, wl_lids[q])
         for q in range(start, min(start + PREFETCH_DISTANCE, end)):
-            prefetch(table, _home(table, kid_of[wl_lids[q]]))
+            prefetch(table, _home(table, np.int64(info[wl_lids[q], KID])))
         for q in range(start, end):
+            if q + 2 * PREFETCH_DISTANCE < end:
+                prefetch(info, wl_lids[q + 2 * PREFETCH_DISTANCE])
             if q + PREFETCH_DISTANCE < end:
-                prefetch(table, _home(table, kid_of[wl_lids[q + PREFETCH_DISTANCE]]))
+                ahead = np.int64(info[wl_lids[q + PREFETCH_DISTANCE], KID])
+                prefetch(table, _home(table, ahead))
             lid = wl_lids[q]
-            k = kid_of[lid]
+            k = np.int64(info[lid, KID])
+            key = np.int64(info[lid, KEY])
             s = table_slot(table, k)
             if table[s] != EMPTY:
-                if holders_l[lid] & bit:
+                if info[lid, HOLDERS] & bit:
                     nhits += 1
                 else:  # a stale copy: refresh it in place
-                    pulled[npl] = key_of_lid[lid]
+                    pulled[npl] = key
                     npl += 1
             else:
-                pulled[npl] = key_of_lid[lid]
+                pulled[npl] = key
                 npl += 1
                 if used[w] < capacity:
                     used[w] += 1
@@ -384,12 +412,12 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
             tail[w] += 1
             queue[w, position] = k
             table[s] = (k << 32) | position
-            t = trainers[lid]
+            t = info[lid, TRAINERS]
             if t & (t - np.uint64(1)):  # more than one bit: co-trained
-                co_trained[nco] = key_of_lid[lid]
+                co_trained[nco] = key
                 nco += 1
             else:
-                trained[nlocal] = key_of_lid[lid]
+                trained[nlocal] = key
                 nlocal += 1
         trained[nlocal : nlocal + nco - start] = co_trained[start:nco]
         counts[w, 0] = npl - start
@@ -423,22 +451,15 @@ def drop_victims(wl_offsets, counts, victims, holders):  # type: ignore[no-untyp
 
 # ----- stage 4: synchronisation ------------------------------------------------
 @njit(nogil=True)
-def settle(kid_of, key_of_lid, trainers, holders, dirty_owner, key_of, dirty_evicted, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Write-backs owed by the previous iteration, then this iteration's training effects.
-
-    The previous iteration writes back a dirty row that another worker needs
-    now, or that its owner evicts now. Returns (previous write-backs: worker,
-    key; this iteration's write-backs, naive sync only: worker, key).
-    """
-    total = kid_of.shape[0]
-    prev_worker = np.empty(total + dirty_evicted.shape[0], dtype=np.int64)
-    prev_key = np.empty(total + dirty_evicted.shape[0], dtype=np.int64)
-    now_worker = np.empty(0 if on_demand else total, dtype=np.int64)
-    now_key = np.empty(0 if on_demand else total, dtype=np.int64)
-    nprev = nnow = 0
-    # Dirty rows their owner evicts now (first: the owner may pull the row back
-    # later in this batch and dirty it again).
-    for q in range(dirty_evicted.shape[0]):
+def settle_evicted(dirty_evicted, dirty_owner, key_of):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Write-backs the previous iteration owes for dirty rows their owner evicts now
+    (settled first: the owner may pull the row back later in this batch and dirty it
+    again). Returns (worker, key)."""
+    n = dirty_evicted.shape[0]
+    prev_worker = np.empty(n, dtype=np.int64)
+    prev_key = np.empty(n, dtype=np.int64)
+    nprev = 0
+    for q in range(n):
         k = dirty_evicted[q] // 64
         w = dirty_evicted[q] % 64
         if dirty_owner[k] == w:
@@ -446,17 +467,35 @@ def settle(kid_of, key_of_lid, trainers, holders, dirty_owner, key_of, dirty_evi
             prev_key[nprev] = key_of[k]
             nprev += 1
             dirty_owner[k] = -1
-    for q in range(min(PREFETCH_DISTANCE, total)):
-        prefetch(dirty_owner, kid_of[q])
-    for q in range(total):
-        if q + PREFETCH_DISTANCE < total:
-            prefetch(dirty_owner, kid_of[q + PREFETCH_DISTANCE])
-        k = kid_of[q]
+    return prev_worker[:nprev], prev_key[:nprev]
+
+
+@njit(nogil=True)
+def settle(info, first, last, holders, dirty_owner, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Write-backs owed by the previous iteration, then this iteration's training effects,
+    for the batch's keys ``info[first:last]`` (disjoint ranges may run at once).
+
+    The previous iteration writes back a dirty row that another worker needs now.
+    Returns (previous write-backs: worker, key; this iteration's write-backs, naive sync
+    only: worker, key).
+    """
+    total = last - first
+    prev_worker = np.empty(total, dtype=np.int64)
+    prev_key = np.empty(total, dtype=np.int64)
+    now_worker = np.empty(0 if on_demand else total, dtype=np.int64)
+    now_key = np.empty(0 if on_demand else total, dtype=np.int64)
+    nprev = nnow = 0
+    for q in range(first, min(first + PREFETCH_DISTANCE, last)):
+        prefetch(dirty_owner, np.int64(info[q, KID]))
+    for q in range(first, last):
+        if q + PREFETCH_DISTANCE < last:
+            prefetch(dirty_owner, np.int64(info[q + PREFETCH_DISTANCE, KID]))
+        k = np.int64(info[q, KID])
         owner = dirty_owner[k]
-        t = trainers[q]
+        t = info[q, TRAINERS]
         if owner >= 0 and t & ~(np.uint64(1) << np.uint64(owner)):  # another worker needs it
             prev_worker[nprev] = owner
-            prev_key[nprev] = key_of_lid[q]
+            prev_key[nprev] = np.int64(info[q, KEY])
             nprev += 1
             dirty_owner[k] = -1
         if popcount(t) > 1:
@@ -468,7 +507,7 @@ def settle(kid_of, key_of_lid, trainers, holders, dirty_owner, key_of, dirty_evi
             dirty_owner[k] = w
         else:
             now_worker[nnow] = w
-            now_key[nnow] = key_of_lid[q]
+            now_key[nnow] = np.int64(info[q, KEY])
             nnow += 1
     return prev_worker[:nprev], prev_key[:nprev], now_worker[:nnow], now_key[:nnow]
 

@@ -40,6 +40,8 @@ Capacity and growth (what the job knows sizes the structures up front):
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import numpy.typing as npt
 from numba.typed import List
@@ -55,12 +57,20 @@ _FIELDS = 4
 _MIN_ROWS = 1024
 _MIN_TABLE = 1024
 QUEUE_RESERVE = 2**22  # entries per worker reserved (lazily) before the first growth
+PARALLEL_KEYS = 65_536  # batches with fewer keys (distinct keys) number (look up) on one thread
+HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-helper")
+"""The second core's thread: every kernel it runs releases the GIL. Shared by all
+schedulers of a process; its tasks never wait on other tasks, so sharing cannot deadlock."""
 
 
 def growth_threshold(worker: int) -> float:
     """Load above which worker ``worker``'s position table doubles: 1/4 .. 1/2 in
     eighths of 1/4 by worker, so tables of workers that cache alike grow apart."""
     return 0.5 - (worker % 8) / 32
+
+
+def _empty_local(size: int) -> npt.NDArray[np.int64]:
+    return np.full((size, 2), kernels.EMPTY, np.int64)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -91,7 +101,8 @@ class CacheMirror:
         self.tables = List(
             [np.full(_MIN_TABLE, kernels.EMPTY, np.int64) for _ in range(num_workers)]
         )
-        self._local = np.full((_MIN_TABLE, 2), kernels.EMPTY, np.int64)
+        self._local = [_empty_local(_MIN_TABLE), _empty_local(_MIN_TABLE)]
+        self._distinct = [0, 0]  # distinct keys the scratch tables saw last
         self.samples_seen = 0
         self.batches_seen = 0
 
@@ -99,30 +110,82 @@ class CacheMirror:
     def local_ids(
         self, keys: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """(local id of every key, the batch's distinct keys in first-occurrence order)."""
-        while True:
-            lids, uniq = kernels.local_ids(keys, self._local)
-            if lids.shape[0] == keys.shape[0]:
-                break
-            self._local = np.full((2 * self._local.shape[0], 2), kernels.EMPTY, np.int64)
-        # Size the scratch table for the next batch: load about 1/3, within 2x.
-        want = max(_MIN_TABLE, _pow2_at_least(3 * uniq.shape[0]))
-        if not want // 2 <= self._local.shape[0] <= 2 * want:
-            self._local = np.full((want, 2), kernels.EMPTY, np.int64)
+        """(local id of every key, the batch's distinct keys in first-occurrence order).
+
+        A big batch is numbered in two halves at once, then the second half's numbers
+        are joined to the first's (``kernels.merge_local_ids``)."""
+        n = keys.shape[0]
+        lids = np.empty(n, np.int64)
+        if n < PARALLEL_KEYS:
+            uniq, slots = self._number(0, keys, lids, 0)
+            kernels.clear_slots(self._local[0], slots)
+            return lids, uniq
+        half = n // 2
+
+        def second_half() -> npt.NDArray[np.int64]:
+            second, slots = self._number(1, keys[half:], lids, half)
+            kernels.clear_slots(self._local[1], slots)
+            return second
+
+        pending = HELPER.submit(second_half)
+        try:
+            first, slots = self._number(0, keys[:half], lids, 0)
+        finally:
+            second = pending.result()
+        uniq = kernels.merge_local_ids(self._local[0], first, second, lids, half)
+        kernels.clear_slots(self._local[0], slots)
         return lids, uniq
 
-    def kids(self, uniq: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Dense ids of distinct keys ``uniq``, registering new ones (in order)."""
-        known = len(self.index)
-        kids = self.index.insert(uniq)
-        n = len(self.index)
-        if n > self._records.shape[0]:
-            self._set_records(hostmem.grown(self._records, max(n, 2 * self._records.shape[0])))
-        if n > known:
-            fresh = kids >= known
-            self.key[kids[fresh]] = uniq[fresh]
-            self.dirty_owner[kids[fresh]] = -1
-        return kids
+    def _number(
+        self, which: int, keys: npt.NDArray[np.int64], lids: npt.NDArray[np.int64], start: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``kernels.local_ids`` on scratch table ``which``, sized from the previous batch
+        (load about 1/3, kept within 2x) and doubled until the keys fit."""
+        want = max(_MIN_TABLE, _pow2_at_least(3 * self._distinct[which]))
+        if not want // 2 <= self._local[which].shape[0] <= 2 * want:
+            self._local[which] = _empty_local(want)
+        while True:
+            uniq, slots = kernels.local_ids(keys, self._local[which], lids, start)
+            if uniq.shape[0] or not keys.shape[0]:
+                break
+            self._local[which] = _empty_local(2 * self._local[which].shape[0])
+        self._distinct[which] = uniq.shape[0]
+        return uniq, slots
+
+    def key_rows(self, uniq: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``, ``TRAINERS`` = 0) of the
+        batch's distinct keys, registering new keys (kids in first-occurrence order).
+
+        Looked up in two halves at once for a big batch; the keys not found are then
+        inserted on this thread, the only one that changes the index."""
+        nb = uniq.shape[0]
+        info = np.empty((nb, 4), np.uint64)
+        kids = np.empty(nb, np.int64)
+
+        def rows(first: int, last: int) -> None:
+            kids[first:last] = self.index.lookup(uniq[first:last])
+            kernels.key_rows(kids[first:last], uniq[first:last], self.holders, info[first:last])
+
+        if nb < PARALLEL_KEYS:
+            rows(0, nb)
+        else:
+            pending = HELPER.submit(rows, nb // 2, nb)
+            try:
+                rows(0, nb // 2)
+            finally:
+                pending.result()
+        missing = np.flatnonzero(kids < 0)
+        if missing.shape[0]:
+            known = len(self.index)
+            fresh = self.index.insert(uniq[missing])
+            n = len(self.index)
+            if n > self._records.shape[0]:
+                rows_now = max(n, 2 * self._records.shape[0])
+                self._set_records(hostmem.grown(self._records, rows_now))
+            self.key[known:n] = uniq[missing]
+            self.dirty_owner[known:n] = -1
+            info[missing, kernels.KID] = fresh.astype(np.uint64)
+        return info
 
     def _set_records(self, records: npt.NDArray[np.int64]) -> None:
         self._records = records

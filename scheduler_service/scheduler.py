@@ -16,7 +16,6 @@ pulls the previous iteration cannot change.
 from __future__ import annotations
 
 import abc
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +27,7 @@ from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
-from scheduler_service.mirror import CacheMirror
+from scheduler_service.mirror import HELPER, PARALLEL_KEYS, CacheMirror
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -56,43 +55,53 @@ class Assignment:
     local: int
 
 
+MiniBatches = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+"""(offsets, lids): worker w's distinct keys at ``lids[offsets[w]:offsets[w + 1]]``."""
+
+
 class Partitioner(abc.ABC):
     """Decides which worker trains each sample of a batch, from the batch's local key ids
-    (``lids``) and which workers hold each of its distinct keys validly (``holders``)."""
+    (``lids``) and its key rows (``info``: which workers hold each key validly); the same
+    pass lists each worker's keys (``kernels.partition``)."""
 
     @abc.abstractmethod
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], holders: npt.NDArray[np.uint64]
-    ) -> Assignment:
-        """Worker of every sample; each worker gets exactly ``samples_per_worker``."""
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64]
+    ) -> tuple[Assignment, MiniBatches]:
+        """Worker of every sample (each worker gets exactly ``samples_per_worker``), and
+        the mini-batches."""
+
+
+def _partition(
+    batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+    given: npt.NDArray[np.int64],
+) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+    workers, held, local, offsets, wl_lids = kernels.partition(
+        batch.offsets, lids, info, batch.num_workers, batch.samples_per_worker, given
+    )
+    return Assignment(workers, int(held), int(local)), (offsets, wl_lids)
 
 
 class SequentialPartitioner(Partitioner):
     """Sample i goes to worker i // m (a plain data loader).
 
-    Its locality costs one scoring pass over the batch (Algorithm 1's, without choosing).
+    Its locality costs Algorithm 1's scoring, without choosing.
     """
 
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], holders: npt.NDArray[np.uint64]
-    ) -> Assignment:
-        workers = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
-        held, local = kernels.assignment_locality(
-            batch.offsets, lids, holders, workers, batch.num_workers
-        )
-        return Assignment(workers, int(held), int(local))
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64]
+    ) -> tuple[Assignment, MiniBatches]:
+        given = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
+        return _partition(batch, lids, info, given)
 
 
 class LocationAwarePartitioner(Partitioner):
     """Herald Algorithm 1, scored on the mirror's valid copies at the start of the batch."""
 
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], holders: npt.NDArray[np.uint64]
-    ) -> Assignment:
-        workers, held, local = kernels.location_aware_assign(
-            batch.offsets, lids, holders, batch.num_workers, batch.samples_per_worker
-        )
-        return Assignment(workers, int(held), int(local))
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64]
+    ) -> tuple[Assignment, MiniBatches]:
+        return _partition(batch, lids, info, np.empty(0, np.int64))
 
 
 class SyncPlanner(abc.ABC):
@@ -203,14 +212,10 @@ class Scheduler:
         n = mirror.num_workers
         check_next_batch(batch, n, self.next_iteration)
         lids, uniq = mirror.local_ids(batch.keys)
-        kids = mirror.kids(uniq)
-        holders = kernels.gather_holders(kids, mirror.holders)
-        assignment = self.partitioner.assign(batch, lids, holders)
+        info = mirror.key_rows(uniq)
+        assignment, (wl_offsets, wl_lids) = self.partitioner.assign(batch, lids, info)
         assign = assignment.workers
         mirror.samples_seen += batch.samples
-        wl_offsets, wl_lids, trainers = kernels.worker_lists(
-            batch.offsets, lids, assign, n, uniq.shape[0]
-        )
         mirror.batches_seen += 1
         sizes = np.diff(wl_offsets)
         if sizes.max(initial=0) > mirror.capacity:
@@ -219,13 +224,11 @@ class Scheduler:
         # Validated: from here on the mirror changes.
         flush_workers, flush_keys = self._checkpoint_flush()
         mirror.reserve(wl_offsets)
-        out, counts, victims = _cache_ops(mirror, wl_offsets, wl_lids, kids, uniq, holders,
-                                          trainers)  # fmt: skip
+        out, counts, victims = _cache_ops(mirror, wl_offsets, wl_lids, info)
         dirty_evicted = kernels.drop_victims(wl_offsets, counts, victims, mirror.holders)
-        prev_workers, prev_keys, now_workers, now_keys = kernels.settle(
-            kids, uniq, trainers, mirror.holders, mirror.dirty_owner, mirror.key,
-            dirty_evicted, self.planner.on_demand,
-        )  # fmt: skip
+        prev_workers, prev_keys, now_workers, now_keys = _settle(
+            mirror, info, dirty_evicted, self.planner.on_demand
+        )
         self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
@@ -294,17 +297,13 @@ class Scheduler:
 
 
 PARALLEL_PAIRS = 32_768  # below this many (key, worker) pairs, one thread is faster
-_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-cache-ops")
 
 
 def _cache_ops(
     mirror: CacheMirror,
     wl_offsets: npt.NDArray[np.int64],
     wl_lids: npt.NDArray[np.int64],
-    kids: npt.NDArray[np.int64],
-    uniq: npt.NDArray[np.int64],
-    holders: npt.NDArray[np.uint64],
-    trainers: npt.NDArray[np.uint64],
+    info: npt.NDArray[np.uint64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Stage 3 (``kernels.cache_ops``) for every worker: on two threads, each with about
     half of the (key, worker) pairs, when the batch is big enough to pay for it.
@@ -320,9 +319,9 @@ def _cache_ops(
     def run(workers: npt.NDArray[np.int64]) -> None:
         mirror.grow_tables(workers.tolist(), need)
         kernels.cache_ops(
-            workers, wl_offsets, wl_lids, kids, uniq, holders, trainers, mirror.capacity,
-            mirror.tables, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
-            mirror.dirty_owner, mirror.key, out, counts, victims,
+            workers, wl_offsets, wl_lids, info, mirror.capacity, mirror.tables, mirror.queue,
+            mirror.queue_head, mirror.queue_tail, mirror.used, mirror.dirty_owner, mirror.key,
+            out, counts, victims,
         )  # fmt: skip
 
     if total < PARALLEL_PAIRS or n == 1:
@@ -330,12 +329,39 @@ def _cache_ops(
     else:
         split = int(np.searchsorted(wl_offsets, total // 2))
         split = min(max(split, 1), n - 1)
-        second = _helper.submit(run, np.arange(split, n, dtype=np.int64))
+        second = HELPER.submit(run, np.arange(split, n, dtype=np.int64))
         try:
             run(np.arange(split, dtype=np.int64))
         finally:
             second.result()
     return out, counts, victims
+
+
+def _settle(
+    mirror: CacheMirror,
+    info: npt.NDArray[np.uint64],
+    dirty_evicted: npt.NDArray[np.int64],
+    on_demand: bool,
+) -> tuple[npt.NDArray[np.int64], ...]:
+    """Stage 4: the evicted dirty rows first, then the batch's keys (``kernels.settle``),
+    in two halves at once for a big batch (each key's record is its own)."""
+    ev_workers, ev_keys = kernels.settle_evicted(dirty_evicted, mirror.dirty_owner, mirror.key)
+    nb = info.shape[0]
+    args = (mirror.holders, mirror.dirty_owner, on_demand)
+    if nb < PARALLEL_KEYS:
+        prev_w, prev_k, now_w, now_k = kernels.settle(info, 0, nb, *args)
+        return np.concatenate([ev_workers, prev_w]), np.concatenate([ev_keys, prev_k]), now_w, now_k
+    second = HELPER.submit(kernels.settle, info, nb // 2, nb, *args)
+    try:
+        first = kernels.settle(info, 0, nb // 2, *args)
+    finally:
+        rest = second.result()
+    return (
+        np.concatenate([ev_workers, first[0], rest[0]]),
+        np.concatenate([ev_keys, first[1], rest[1]]),
+        np.concatenate([first[2], rest[2]]),
+        np.concatenate([first[3], rest[3]]),
+    )
 
 
 def _sorted_by_worker(
