@@ -296,14 +296,12 @@ def table_remove(table, slot):  # type: ignore[no-untyped-def]  # pragma: no cov
 
 
 @njit(nogil=True)
-def grown_table(table, size):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """A table of ``size`` slots holding every entry of ``table``."""
-    out = np.full(size, EMPTY, dtype=np.int64)
+def rehash_table(table, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Put every entry of ``table`` into the (larger, all-EMPTY) table ``out``."""
     for s in range(table.shape[0]):
         entry = table[s]
         if entry != EMPTY:
             out[table_slot(out, entry >> 32)] = entry
-    return out
 
 
 @njit(nogil=True)

@@ -70,7 +70,17 @@ def growth_threshold(worker: int) -> float:
 
 
 def _empty_local(size: int) -> npt.NDArray[np.int64]:
-    return np.full((size, 2), kernels.EMPTY, np.int64)
+    """A batch's scratch (key, lid) table; big ones on huge pages (``heraldps.hostmem``)."""
+    table = hostmem.zeros((size, 2), np.int64)
+    table[:, 1] = kernels.EMPTY
+    return table
+
+
+def empty_table(size: int) -> npt.NDArray[np.int64]:
+    """An all-EMPTY position table; big ones on huge pages: its probes are random."""
+    table = hostmem.zeros((size,), np.int64)
+    table[:] = kernels.EMPTY
+    return table
 
 
 def _pow2_at_least(n: int) -> int:
@@ -98,9 +108,7 @@ class CacheMirror:
         self.queue_head = np.zeros(num_workers, np.int64)
         self.queue_tail = np.zeros(num_workers, np.int64)
         self.used = np.zeros(num_workers, np.int64)
-        self.tables = List(
-            [np.full(_MIN_TABLE, kernels.EMPTY, np.int64) for _ in range(num_workers)]
-        )
+        self.tables = List([empty_table(_MIN_TABLE) for _ in range(num_workers)])
         self._local = [_empty_local(_MIN_TABLE), _empty_local(_MIN_TABLE)]
         self._distinct = [0, 0]  # distinct keys the scratch tables saw last
         self.samples_seen = 0
@@ -218,7 +226,9 @@ class CacheMirror:
             if entries > growth_threshold(w) * size:
                 while entries > growth_threshold(w) * size:
                     size *= 2
-                self.tables[w] = kernels.grown_table(self.tables[w], size)
+                table = empty_table(size)
+                kernels.rehash_table(self.tables[w], table)
+                self.tables[w] = table
 
     # ----- checkpoints -----------------------------------------------------------
     def dirty_rows(self) -> int:
