@@ -175,6 +175,12 @@ class KeyIndex:
         return self._size
 
     @property
+    def slots(self) -> npt.NDArray[np.int64]:
+        """The slot table, for compiled readers that probe it themselves (``probe``);
+        only valid until the next ``insert`` (which may replace it)."""
+        return self._slots
+
+    @property
     def nbytes(self) -> int:
         """Bytes held by the slot arrays."""
         return int(self._slots.nbytes)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from heraldps.jit import njit
+from heraldps.keyindex import home, probe_from
 from heraldps.prefetch import prefetch
 
 PREFETCH_DISTANCE = 16
@@ -134,19 +135,30 @@ def merge_local_ids(table, first, second, lids, start):  # type: ignore[no-untyp
 
 
 @njit(nogil=True)
-def key_rows(kids, uniq, holders, info):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Fill ``info`` (KID, KEY, HOLDERS; TRAINERS 0) for the batch's distinct keys, the
-    record of the key 16 ahead prefetched. A kid < 0 (a key not registered yet) holds
-    nothing."""
-    n = kids.shape[0]
-    for i in range(min(PREFETCH_DISTANCE, n)):
-        if kids[i] >= 0:
-            prefetch(holders, kids[i])
-    for i in range(n):
-        if i + PREFETCH_DISTANCE < n and kids[i + PREFETCH_DISTANCE] >= 0:
-            prefetch(holders, kids[i + PREFETCH_DISTANCE])
-        k = kids[i]
-        info[i, KID] = k
+def key_rows(slots, uniq, holders, info, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Fill ``info[first:last]`` (KID, KEY, HOLDERS; TRAINERS 0) for the batch's distinct
+    keys ``uniq[first:last]``, looked up in a ``KeyIndex``'s ``slots`` (read only, so two
+    ranges may run at once). A key not registered yet gets KID 2**64 - 1 (-1) and no
+    holders. Two prefetch levels: the index slot 2 x 16 keys ahead, the record (which
+    needs the slot's kid) 16 ahead."""
+    ahead = PREFETCH_DISTANCE
+    for i in range(first, min(first + 2 * ahead, last)):
+        prefetch(slots, home(slots, uniq[i]))
+    for i in range(first, min(first + ahead, last)):
+        s = probe_from(slots, uniq[i], home(slots, uniq[i]))
+        info[i, KID] = slots[s, 1]
+        if slots[s, 1] >= 0:
+            prefetch(holders, slots[s, 1])
+    for i in range(first, last):
+        j = i + ahead
+        if j + ahead < last:
+            prefetch(slots, home(slots, uniq[j + ahead]))
+        if j < last:
+            s = probe_from(slots, uniq[j], home(slots, uniq[j]))
+            info[j, KID] = slots[s, 1]
+            if slots[s, 1] >= 0:
+                prefetch(holders, slots[s, 1])
+        k = np.int64(info[i, KID])
         info[i, KEY] = uniq[i]
         info[i, HOLDERS] = holders[k] if k >= 0 else np.uint64(0)
         info[i, TRAINERS] = 0
@@ -328,6 +340,8 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     info,
     capacity,
     tables,
+    fresh,
+    placeholder,
     queue,
     head,
     tail,
@@ -342,7 +356,9 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
 
     Workers are independent here (each has its own queue and position table, and the
     pass writes no shared record), so two calls on disjoint sets of workers may run at
-    once. A key is cached by w iff its kid is in w's position table; whether w's copy
+    once. A worker whose ``fresh`` table is bigger than its own first moves its entries
+    there (table growth, on the thread running the worker). A key is cached by w iff its
+    kid is in w's position table; whether w's copy
     is valid is bit w of ``info[lid, HOLDERS]`` (as at the start of the batch: w's evictions
     only drop keys w has not touched in this batch).
 
@@ -357,6 +373,12 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     trained = out_keys[2]
     co_trained = out_keys[3]
     for w in workers:
+        if fresh[w].shape[0] > tables[w].shape[0]:  # grow: the caller sized ``fresh[w]``
+            grown = fresh[w]
+            grown[:] = EMPTY
+            rehash_table(tables[w], grown)
+            tables[w] = grown
+            fresh[w] = placeholder
         table = tables[w]
         start = wl_offsets[w]
         end = wl_offsets[w + 1]

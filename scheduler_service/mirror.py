@@ -109,6 +109,10 @@ class CacheMirror:
         self.queue_tail = np.zeros(num_workers, np.int64)
         self.used = np.zeros(num_workers, np.int64)
         self.tables = List([empty_table(_MIN_TABLE) for _ in range(num_workers)])
+        self.table_sizes = np.full(num_workers, _MIN_TABLE, np.int64)
+        self._thresholds = np.array([growth_threshold(w) for w in range(num_workers)])
+        self.placeholder = np.zeros(1, np.int64)
+        self.fresh = List([self.placeholder for _ in range(num_workers)])
         self._local = [_empty_local(_MIN_TABLE), _empty_local(_MIN_TABLE)]
         self._distinct = [0, 0]  # distinct keys the scratch tables saw last
         self.samples_seen = 0
@@ -129,29 +133,35 @@ class CacheMirror:
             kernels.clear_slots(self._local[0], slots)
             return lids, uniq
         half = n // 2
-
-        def second_half() -> npt.NDArray[np.int64]:
-            second, slots = self._number(1, keys[half:], lids, half)
-            kernels.clear_slots(self._local[1], slots)
-            return second
-
-        pending = HELPER.submit(second_half)
+        self._size_local(1)
+        pending = HELPER.submit(kernels.local_ids, keys[half:], self._local[1], lids, half)
         try:
             first, slots = self._number(0, keys[:half], lids, 0)
         finally:
-            second = pending.result()
+            second, second_slots = pending.result()
+        if second.shape[0] or half == n:
+            kernels.clear_slots(self._local[1], second_slots)
+            self._distinct[1] = second.shape[0]
+        else:  # the second half overflowed its table: number it here, with room
+            second, second_slots = self._number(1, keys[half:], lids, half)
+            kernels.clear_slots(self._local[1], second_slots)
         uniq = kernels.merge_local_ids(self._local[0], first, second, lids, half)
         kernels.clear_slots(self._local[0], slots)
         return lids, uniq
 
-    def _number(
-        self, which: int, keys: npt.NDArray[np.int64], lids: npt.NDArray[np.int64], start: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """``kernels.local_ids`` on scratch table ``which``, sized from the previous batch
-        (load about 1/3, kept within 2x) and doubled until the keys fit."""
+    def _size_local(self, which: int) -> None:
+        """Scratch table ``which`` at load about 1/3 for as many keys as it saw last
+        (kept while within 2x of that)."""
         want = max(_MIN_TABLE, _pow2_at_least(3 * self._distinct[which]))
         if not want // 2 <= self._local[which].shape[0] <= 2 * want:
             self._local[which] = _empty_local(want)
+
+    def _number(
+        self, which: int, keys: npt.NDArray[np.int64], lids: npt.NDArray[np.int64], start: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``kernels.local_ids`` on scratch table ``which`` (:meth:`_size_local`), doubled
+        until the keys fit."""
+        self._size_local(which)
         while True:
             uniq, slots = kernels.local_ids(keys, self._local[which], lids, start)
             if uniq.shape[0] or not keys.shape[0]:
@@ -164,25 +174,21 @@ class CacheMirror:
         """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``, ``TRAINERS`` = 0) of the
         batch's distinct keys, registering new keys (kids in first-occurrence order).
 
-        Looked up in two halves at once for a big batch; the keys not found are then
-        inserted on this thread, the only one that changes the index."""
+        Looked up in two halves at once for a big batch (one compiled call each); the
+        keys not found are then inserted on this thread, the only one that changes the
+        index."""
         nb = uniq.shape[0]
         info = np.empty((nb, 4), np.uint64)
-        kids = np.empty(nb, np.int64)
-
-        def rows(first: int, last: int) -> None:
-            kids[first:last] = self.index.lookup(uniq[first:last])
-            kernels.key_rows(kids[first:last], uniq[first:last], self.holders, info[first:last])
-
+        slots = self.index.slots
         if nb < PARALLEL_KEYS:
-            rows(0, nb)
+            kernels.key_rows(slots, uniq, self.holders, info, 0, nb)
         else:
-            pending = HELPER.submit(rows, nb // 2, nb)
+            pending = HELPER.submit(kernels.key_rows, slots, uniq, self.holders, info, nb // 2, nb)
             try:
-                rows(0, nb // 2)
+                kernels.key_rows(slots, uniq, self.holders, info, 0, nb // 2)
             finally:
                 pending.result()
-        missing = np.flatnonzero(kids < 0)
+        missing = np.flatnonzero(info[:, kernels.KID].view(np.int64) < 0)
         if missing.shape[0]:
             known = len(self.index)
             fresh = self.index.insert(uniq[missing])
@@ -217,18 +223,18 @@ class CacheMirror:
                 queue[:, : self.queue.shape[1]] = self.queue
                 self.queue = queue
 
-    def grow_tables(self, workers: list[int], need: npt.NDArray[np.int64]) -> None:
-        """Double the position tables of ``workers`` that could pass their threshold
-        in this batch (``need[w]``: keys worker w touches). Touches only those tables."""
-        for w in workers:
-            entries = int(self.used[w] + need[w])
-            size = self.tables[w].shape[0]
-            if entries > growth_threshold(w) * size:
-                while entries > growth_threshold(w) * size:
-                    size *= 2
-                table = empty_table(size)
-                kernels.rehash_table(self.tables[w], table)
-                self.tables[w] = table
+    def fresh_tables(self, need: npt.NDArray[np.int64]) -> None:
+        """Allocate a doubled position table (in ``self.fresh``) for every worker whose load
+        could pass its threshold in this batch (``need[w]``: keys worker w touches); the
+        cache pass moves the entries on the thread that runs the worker."""
+        entries = self.used + need
+        grow = np.flatnonzero(entries > self._thresholds * self.table_sizes)
+        for w in grow.tolist():
+            size = int(self.table_sizes[w])
+            while entries[w] > self._thresholds[w] * size:
+                size *= 2
+            self.fresh[w] = hostmem.zeros((size,), np.int64)  # filled by the kernel
+            self.table_sizes[w] = size
 
     # ----- checkpoints -----------------------------------------------------------
     def dirty_rows(self) -> int:

@@ -314,24 +314,20 @@ def _cache_ops(
     out = np.empty((4, total), np.int64)
     counts = np.zeros((n, 4), np.int64)
     victims = np.empty(total, np.int64)
-    need = np.diff(wl_offsets)
-
-    def run(workers: npt.NDArray[np.int64]) -> None:
-        mirror.grow_tables(workers.tolist(), need)
-        kernels.cache_ops(
-            workers, wl_offsets, wl_lids, info, mirror.capacity, mirror.tables, mirror.queue,
-            mirror.queue_head, mirror.queue_tail, mirror.used, mirror.dirty_owner, mirror.key,
-            out, counts, victims,
-        )  # fmt: skip
-
+    mirror.fresh_tables(np.diff(wl_offsets))
+    args = (
+        wl_offsets, wl_lids, info, mirror.capacity, mirror.tables, mirror.fresh,
+        mirror.placeholder, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
+        mirror.dirty_owner, mirror.key, out, counts, victims,
+    )  # fmt: skip
     if total < PARALLEL_PAIRS or n == 1:
-        run(np.arange(n, dtype=np.int64))
+        kernels.cache_ops(np.arange(n, dtype=np.int64), *args)
     else:
         split = int(np.searchsorted(wl_offsets, total // 2))
         split = min(max(split, 1), n - 1)
-        second = HELPER.submit(run, np.arange(split, n, dtype=np.int64))
+        second = HELPER.submit(kernels.cache_ops, np.arange(split, n, dtype=np.int64), *args)
         try:
-            run(np.arange(split, dtype=np.int64))
+            kernels.cache_ops(np.arange(split, dtype=np.int64), *args)
         finally:
             second.result()
     return out, counts, victims
