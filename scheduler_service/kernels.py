@@ -270,6 +270,18 @@ def partition(offsets, lids, info, num_workers, per_worker, given):  # type: ign
     return assign, held, local, wl_offsets, wl_lids
 
 
+@njit(nogil=True)
+def samples_by_worker(assign, num_workers, per_worker):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Sample indices grouped by worker (worker w's at ``w * per_worker``), in input order
+    within a worker: a stable argsort of ``assign`` in one counting pass."""
+    fill = np.arange(num_workers) * per_worker
+    order = np.empty(assign.shape[0], dtype=np.int64)
+    for i in range(assign.shape[0]):
+        order[fill[assign[i]]] = i
+        fill[assign[i]] += 1
+    return order
+
+
 # ----- per-worker position tables ------------------------------------------------
 # A slot holds kid << 32 | position (position < 2**32), EMPTY when free; linear probing
 # on mix(kid), load <= 1/2, backward-shift deletion (no tombstones).

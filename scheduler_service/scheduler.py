@@ -236,8 +236,8 @@ class Scheduler:
         if flush_keys.shape[0]:  # written back at the checkpoint, with the previous lists
             prev_workers = np.concatenate([prev_workers, flush_workers])
             prev_keys = np.concatenate([prev_keys, flush_keys])
-        samples_order = np.argsort(assign, kind="stable")
         m = batch.samples_per_worker
+        samples_order = kernels.samples_by_worker(assign, n, m)
         wb_offsets, wb_keys = _sorted_by_worker(now_workers, now_keys, n)
         checkpoint = is_checkpoint(batch.iteration, self.checkpoint_every)
         starts, ends = wl_offsets[:-1].tolist(), wl_offsets[1:].tolist()
