@@ -40,7 +40,8 @@ Capacity and growth (what the job knows sizes the structures up front):
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import itertools
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +52,7 @@ from heraldps.errors import InvalidArgument
 from heraldps.keyindex import KeyIndex
 from heraldps.modes import MAX_WORKERS
 from scheduler_service import kernels
+from scheduler_service.split import run_pieces
 
 MAX_CAPACITY = 2**29  # a queue holds <= 4x capacity entries; positions are < 2**32
 _FIELDS = 4
@@ -58,9 +60,7 @@ _MIN_ROWS = 1024
 _MIN_TABLE = 1024
 QUEUE_RESERVE = 2**22  # entries per worker reserved (lazily) before the first growth
 PARALLEL_KEYS = 65_536  # batches with fewer keys (distinct keys) number (look up) on one thread
-HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-helper")
-"""The second core's thread: every kernel it runs releases the GIL. Shared by all
-schedulers of a process; its tasks never wait on other tasks, so sharing cannot deadlock."""
+PIECES = 4  # pieces of a split stage (``split.run_pieces``): the two threads balance them
 
 
 def growth_threshold(worker: int) -> float:
@@ -133,20 +133,24 @@ class CacheMirror:
             kernels.clear_slots(self._local[0], slots)
             return lids, uniq
         half = n // 2
+        self._size_local(0)
         self._size_local(1)
-        pending = HELPER.submit(kernels.local_ids, keys[half:], self._local[1], lids, half)
-        try:
-            first, slots = self._number(0, keys[:half], lids, 0)
-        finally:
-            second, second_slots = pending.result()
-        if second.shape[0] or half == n:
-            kernels.clear_slots(self._local[1], second_slots)
+        tables = self._local
+        (first, first_slots), (second, second_slots) = run_pieces([
+            partial(kernels.local_ids, keys[:half], tables[0], lids, 0),
+            partial(kernels.local_ids, keys[half:], tables[1], lids, half),
+        ])  # fmt: skip
+        if not first.shape[0]:  # a half overflowed its table: number it here, with room
+            first, first_slots = self._number(0, keys[:half], lids, 0)
+        else:
+            self._distinct[0] = first.shape[0]
+        if second.shape[0]:
             self._distinct[1] = second.shape[0]
-        else:  # the second half overflowed its table: number it here, with room
+        else:
             second, second_slots = self._number(1, keys[half:], lids, half)
-            kernels.clear_slots(self._local[1], second_slots)
+        kernels.clear_slots(self._local[1], second_slots)
         uniq = kernels.merge_local_ids(self._local[0], first, second, lids, half)
-        kernels.clear_slots(self._local[0], slots)
+        kernels.clear_slots(self._local[0], first_slots)
         return lids, uniq
 
     def _size_local(self, which: int) -> None:
@@ -179,15 +183,12 @@ class CacheMirror:
         index."""
         nb = uniq.shape[0]
         info = np.empty((nb, 4), np.uint64)
-        slots = self.index.slots
-        if nb < PARALLEL_KEYS:
-            kernels.key_rows(slots, uniq, self.holders, info, 0, nb)
-        else:
-            pending = HELPER.submit(kernels.key_rows, slots, uniq, self.holders, info, nb // 2, nb)
-            try:
-                kernels.key_rows(slots, uniq, self.holders, info, 0, nb // 2)
-            finally:
-                pending.result()
+        slots, holders = self.index.slots, self.holders
+        bounds = np.linspace(0, nb, PIECES + 1 if nb >= PARALLEL_KEYS else 2).astype(int)
+        run_pieces([
+            partial(kernels.key_rows, slots, uniq, holders, info, a, b)
+            for a, b in itertools.pairwise(bounds.tolist())
+        ])  # fmt: skip
         missing = np.flatnonzero(info[:, kernels.KID].view(np.int64) < 0)
         if missing.shape[0]:
             known = len(self.index)

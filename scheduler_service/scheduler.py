@@ -16,7 +16,9 @@ pulls the previous iteration cannot change.
 from __future__ import annotations
 
 import abc
+import itertools
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +29,8 @@ from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
-from scheduler_service.mirror import HELPER, PARALLEL_KEYS, CacheMirror
+from scheduler_service.mirror import PARALLEL_KEYS, PIECES, CacheMirror
+from scheduler_service.split import run_pieces
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -320,16 +323,14 @@ def _cache_ops(
         mirror.placeholder, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
         mirror.dirty_owner, mirror.key, out, counts, victims,
     )  # fmt: skip
-    if total < PARALLEL_PAIRS or n == 1:
-        kernels.cache_ops(np.arange(n, dtype=np.int64), *args)
-    else:
-        split = int(np.searchsorted(wl_offsets, total // 2))
-        split = min(max(split, 1), n - 1)
-        second = HELPER.submit(kernels.cache_ops, np.arange(split, n, dtype=np.int64), *args)
-        try:
-            kernels.cache_ops(np.arange(split, dtype=np.int64), *args)
-        finally:
-            second.result()
+    pieces = 1 if total < PARALLEL_PAIRS else min(PIECES, n)
+    # Worker groups of about equal pairs: cut the pair offsets at equal shares.
+    cuts = np.searchsorted(wl_offsets, np.arange(1, pieces) * total // pieces)
+    edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, n - 1), [n]])).tolist()
+    run_pieces([
+        partial(kernels.cache_ops, np.arange(a, b, dtype=np.int64), *args)
+        for a, b in itertools.pairwise(edges)
+    ])  # fmt: skip
     return out, counts, victims
 
 
@@ -344,19 +345,16 @@ def _settle(
     ev_workers, ev_keys = kernels.settle_evicted(dirty_evicted, mirror.dirty_owner, mirror.key)
     nb = info.shape[0]
     args = (mirror.holders, mirror.dirty_owner, on_demand)
-    if nb < PARALLEL_KEYS:
-        prev_w, prev_k, now_w, now_k = kernels.settle(info, 0, nb, *args)
-        return np.concatenate([ev_workers, prev_w]), np.concatenate([ev_keys, prev_k]), now_w, now_k
-    second = HELPER.submit(kernels.settle, info, nb // 2, nb, *args)
-    try:
-        first = kernels.settle(info, 0, nb // 2, *args)
-    finally:
-        rest = second.result()
+    bounds = np.linspace(0, nb, PIECES + 1 if nb >= PARALLEL_KEYS else 2).astype(int).tolist()
+    parts = run_pieces([
+        partial(kernels.settle, info, a, b, *args)
+        for a, b in itertools.pairwise(bounds)
+    ])  # fmt: skip
     return (
-        np.concatenate([ev_workers, first[0], rest[0]]),
-        np.concatenate([ev_keys, first[1], rest[1]]),
-        np.concatenate([first[2], rest[2]]),
-        np.concatenate([first[3], rest[3]]),
+        np.concatenate([ev_workers, *(p[0] for p in parts)]),
+        np.concatenate([ev_keys, *(p[1] for p in parts)]),
+        np.concatenate([p[2] for p in parts]),
+        np.concatenate([p[3] for p in parts]),
     )
 
 
