@@ -172,7 +172,7 @@ def set_kids(info, kids):  # type: ignore[no-untyped-def]  # pragma: no cover
 
 # ----- stage 1: partition and mini-batches, one pass --------------------------
 @njit(nogil=True)
-def partition(offsets, lids, info, num_workers, per_worker, given):  # type: ignore[no-untyped-def]  # pragma: no cover
+def partition(offsets, lids, info, num_workers, per_worker, given, pairs, seen):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Each sample's worker and, in the same pass, each worker's mini-batch keys.
 
     With ``given`` empty: Herald Algorithm 1, each sample, in input order, goes to the
@@ -194,9 +194,8 @@ def partition(offsets, lids, info, num_workers, per_worker, given):  # type: ign
     assign = np.empty(samples, dtype=np.int64)
     scores = np.zeros(num_workers, dtype=np.int64)
     touched = np.empty(num_workers, dtype=np.int64)
-    seen = np.full(info.shape[0], -1, dtype=np.int32)
-    pairs = np.empty(total, dtype=np.int64)  # lid << 8 | worker
-    npairs = 0
+    seen[:] = -1  # ``seen`` (nb) and ``pairs`` (len(lids)) are the caller's scratch
+    npairs = 0  # pairs: lid << 8 | worker
     first_free = 0
     held = 0
     local = 0
@@ -363,6 +362,7 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
     out_keys,
     counts,
     victims,
+    scratch,
 ):
     """LRU touches, pulls and evictions of ``workers``, each in first-occurrence order.
 
@@ -376,14 +376,15 @@ def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
 
     Worker w's outputs go to its region ``r = wl_offsets[w]:wl_offsets[w + 1]`` of the
     rows of ``out_keys``: row 0 pulled keys, row 1 evicted keys (eviction order), row 2
-    trained keys (those only w trains first, then co-trained ones), row 3 scratch; and
+    trained keys (those only w trains first, then co-trained ones; ``scratch`` holds the
+    co-trained ones meanwhile); and
     ``victims[r]``: evicted kids, negated (-kid - 1) when w held them dirty. ``counts[w]``
     = (pulls, evictions, where co-trained keys start in row 2, hits).
     """
     pulled = out_keys[0]
     evicted = out_keys[1]
     trained = out_keys[2]
-    co_trained = out_keys[3]
+    co_trained = scratch
     for w in workers:
         if fresh[w].shape[0] > tables[w].shape[0]:  # grow: the caller sized ``fresh[w]``
             grown = fresh[w]

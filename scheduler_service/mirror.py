@@ -115,6 +115,7 @@ class CacheMirror:
         self.fresh = List([self.placeholder for _ in range(num_workers)])
         self._local = [_empty_local(_MIN_TABLE), _empty_local(_MIN_TABLE)]
         self._distinct = [0, 0]  # distinct keys the scratch tables saw last
+        self._scratch: dict[str, npt.NDArray[np.int64]] = {}
         self.samples_seen = 0
         self.batches_seen = 0
 
@@ -127,7 +128,7 @@ class CacheMirror:
         A big batch is numbered in two halves at once, then the second half's numbers
         are joined to the first's (``kernels.merge_local_ids``)."""
         n = keys.shape[0]
-        lids = np.empty(n, np.int64)
+        lids = self.scratch("lids", n)
         if n < PARALLEL_KEYS:
             uniq, slots = self._number(0, keys, lids, 0)
             kernels.clear_slots(self._local[0], slots)
@@ -182,7 +183,7 @@ class CacheMirror:
         keys not found are then inserted on this thread, the only one that changes the
         index."""
         nb = uniq.shape[0]
-        info = np.empty((nb, 4), np.uint64)
+        info = self.scratch("info", 4 * nb).view(np.uint64).reshape(nb, 4)
         slots, holders = self.index.slots, self.holders
         bounds = np.linspace(0, nb, PIECES + 1 if nb >= PARALLEL_KEYS else 2).astype(int)
         run_pieces([
@@ -206,6 +207,17 @@ class CacheMirror:
         self._records = records
         self.holders = records.view(np.uint64)[:, 0]
         self.dirty_owner, self.key = records[:, 1], records[:, 2]
+
+    def scratch(self, name: str, size: int) -> npt.NDArray[np.int64]:
+        """A per-batch working array of ``size`` int64 (contents undefined), reused from
+        batch to batch: a fresh array of megabytes would page-fault on every batch. Only
+        for arrays no plan keeps."""
+        buffer = self._scratch.get(name)
+        if buffer is None or buffer.shape[0] < size:
+            buffer = hostmem.zeros((max(size, 2 * (0 if buffer is None else buffer.shape[0])),),
+                                   np.int64)  # fmt: skip
+            self._scratch[name] = buffer
+        return buffer[:size]
 
     # ----- room ----------------------------------------------------------------
     def reserve(self, wl_offsets: npt.NDArray[np.int64]) -> None:

@@ -69,19 +69,23 @@ class Partitioner(abc.ABC):
 
     @abc.abstractmethod
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64]
-    ) -> tuple[Assignment, MiniBatches]:
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
+    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         """Worker of every sample (each worker gets exactly ``samples_per_worker``), and
-        the mini-batches."""
+        the mini-batches; ``scratch``: len(lids) + len(info) int64 of working space."""
 
 
 def _partition(
     batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-    given: npt.NDArray[np.int64],
+    given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64],
 ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+    """``kernels.partition``; ``scratch``: len(lids) + len(info) int64 of working space."""
+    pairs, seen = scratch[: lids.shape[0]], scratch[lids.shape[0] :].view(np.int32)
     workers, held, local, offsets, wl_lids = kernels.partition(
-        batch.offsets, lids, info, batch.num_workers, batch.samples_per_worker, given
-    )
+        batch.offsets, lids, info, batch.num_workers, batch.samples_per_worker, given, pairs,
+        seen[: info.shape[0]],
+    )  # fmt: skip
     return Assignment(workers, int(held), int(local)), (offsets, wl_lids)
 
 
@@ -92,19 +96,21 @@ class SequentialPartitioner(Partitioner):
     """
 
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64]
-    ) -> tuple[Assignment, MiniBatches]:
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
+    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         given = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
-        return _partition(batch, lids, info, given)
+        return _partition(batch, lids, info, given, scratch)
 
 
 class LocationAwarePartitioner(Partitioner):
     """Herald Algorithm 1, scored on the mirror's valid copies at the start of the batch."""
 
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64]
-    ) -> tuple[Assignment, MiniBatches]:
-        return _partition(batch, lids, info, np.empty(0, np.int64))
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
+    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+        return _partition(batch, lids, info, np.empty(0, np.int64), scratch)
 
 
 class SyncPlanner(abc.ABC):
@@ -216,7 +222,8 @@ class Scheduler:
         check_next_batch(batch, n, self.next_iteration)
         lids, uniq = mirror.local_ids(batch.keys)
         info = mirror.key_rows(uniq)
-        assignment, (wl_offsets, wl_lids) = self.partitioner.assign(batch, lids, info)
+        scratch = mirror.scratch("partition", lids.shape[0] + info.shape[0])
+        assignment, (wl_offsets, wl_lids) = self.partitioner.assign(batch, lids, info, scratch)
         assign = assignment.workers
         mirror.samples_seen += batch.samples
         mirror.batches_seen += 1
@@ -314,14 +321,15 @@ def _cache_ops(
     Returns (out_keys, counts, victims) as ``kernels.cache_ops`` fills them."""
     n = mirror.num_workers
     total = int(wl_offsets[-1])
-    out = np.empty((4, total), np.int64)
+    out = np.empty((3, total), np.int64)  # the plans keep views of it
     counts = np.zeros((n, 4), np.int64)
-    victims = np.empty(total, np.int64)
+    victims = mirror.scratch("victims", total)
+    co_trained = mirror.scratch("co_trained", total)
     mirror.fresh_tables(np.diff(wl_offsets))
     args = (
         wl_offsets, wl_lids, info, mirror.capacity, mirror.tables, mirror.fresh,
         mirror.placeholder, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
-        mirror.dirty_owner, mirror.key, out, counts, victims,
+        mirror.dirty_owner, mirror.key, out, counts, victims, co_trained,
     )  # fmt: skip
     pieces = 1 if total < PARALLEL_PAIRS else min(PIECES, n)
     # Worker groups of about equal pairs: cut the pair offsets at equal shares.
