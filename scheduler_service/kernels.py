@@ -165,6 +165,21 @@ def key_rows(slots, uniq, holders, info, first, last):  # type: ignore[no-untype
 
 
 @njit(nogil=True)
+def rows_of_kids(kids, uniq, holders, info):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """:func:`key_rows` for keys whose kids are known (all registered)."""
+    n = kids.shape[0]
+    for i in range(min(PREFETCH_DISTANCE, n)):
+        prefetch(holders, kids[i])
+    for i in range(n):
+        if i + PREFETCH_DISTANCE < n:
+            prefetch(holders, kids[i + PREFETCH_DISTANCE])
+        info[i, KID] = kids[i]
+        info[i, KEY] = uniq[i]
+        info[i, HOLDERS] = holders[kids[i]]
+        info[i, TRAINERS] = 0
+
+
+@njit(nogil=True)
 def set_kids(info, kids):  # type: ignore[no-untyped-def]  # pragma: no cover
     for i in range(kids.shape[0]):
         info[i, KID] = kids[i]

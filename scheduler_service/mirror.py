@@ -184,24 +184,36 @@ class CacheMirror:
         index."""
         nb = uniq.shape[0]
         info = self.scratch("info", 4 * nb).view(np.uint64).reshape(nb, 4)
+        if nb < PARALLEL_KEYS:  # one thread: register and look up in one pass
+            known = len(self.index)
+            kids = self.index.insert(uniq)
+            self._register(known, uniq[kids >= known] if len(self.index) > known else uniq[:0])
+            kernels.rows_of_kids(kids, uniq, self.holders, info)
+            return info
         slots, holders = self.index.slots, self.holders
-        bounds = np.linspace(0, nb, PIECES + 1 if nb >= PARALLEL_KEYS else 2).astype(int)
+        bounds = np.linspace(0, nb, PIECES + 1).astype(int).tolist()
         run_pieces([
             partial(kernels.key_rows, slots, uniq, holders, info, a, b)
-            for a, b in itertools.pairwise(bounds.tolist())
+            for a, b in itertools.pairwise(bounds)
         ])  # fmt: skip
         missing = np.flatnonzero(info[:, kernels.KID].view(np.int64) < 0)
         if missing.shape[0]:
             known = len(self.index)
-            fresh = self.index.insert(uniq[missing])
-            n = len(self.index)
-            if n > self._records.shape[0]:
-                rows_now = max(n, 2 * self._records.shape[0])
-                self._set_records(hostmem.grown(self._records, rows_now))
-            self.key[known:n] = uniq[missing]
-            self.dirty_owner[known:n] = -1
+            new_keys = uniq[missing]
+            fresh = self.index.insert(new_keys)
+            self._register(known, new_keys)
             info[missing, kernels.KID] = fresh.astype(np.uint64)
         return info
+
+    def _register(self, known: int, new_keys: npt.NDArray[np.int64]) -> None:
+        """Records for the keys the index just numbered ``known..``, in that order."""
+        n = known + new_keys.shape[0]
+        if not new_keys.shape[0]:
+            return
+        if n > self._records.shape[0]:
+            self._set_records(hostmem.grown(self._records, max(n, 2 * self._records.shape[0])))
+        self.key[known:n] = new_keys
+        self.dirty_owner[known:n] = -1
 
     def _set_records(self, records: npt.NDArray[np.int64]) -> None:
         self._records = records

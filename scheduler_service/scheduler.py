@@ -331,7 +331,10 @@ def _cache_ops(
         mirror.placeholder, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
         mirror.dirty_owner, mirror.key, out, counts, victims, co_trained,
     )  # fmt: skip
-    pieces = 1 if total < PARALLEL_PAIRS else min(PIECES, n)
+    if total < PARALLEL_PAIRS or n == 1:
+        kernels.cache_ops(np.arange(n, dtype=np.int64), *args)
+        return out, counts, victims
+    pieces = min(PIECES, n)
     # Worker groups of about equal pairs: cut the pair offsets at equal shares.
     cuts = np.searchsorted(wl_offsets, np.arange(1, pieces) * total // pieces)
     edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, n - 1), [n]])).tolist()
@@ -353,10 +356,14 @@ def _settle(
     ev_workers, ev_keys = kernels.settle_evicted(dirty_evicted, mirror.dirty_owner, mirror.key)
     nb = info.shape[0]
     args = (mirror.holders, mirror.dirty_owner, on_demand)
-    bounds = np.linspace(0, nb, PIECES + 1 if nb >= PARALLEL_KEYS else 2).astype(int).tolist()
+    if nb < PARALLEL_KEYS:
+        prev_w, prev_k, now_w, now_k = kernels.settle(info, 0, nb, *args)
+        if ev_workers.shape[0]:
+            prev_w, prev_k = np.concatenate([ev_workers, prev_w]), np.concatenate([ev_keys, prev_k])
+        return prev_w, prev_k, now_w, now_k
+    bounds = np.linspace(0, nb, PIECES + 1).astype(int).tolist()
     parts = run_pieces([
-        partial(kernels.settle, info, a, b, *args)
-        for a, b in itertools.pairwise(bounds)
+        partial(kernels.settle, info, a, b, *args) for a, b in itertools.pairwise(bounds)
     ])  # fmt: skip
     return (
         np.concatenate([ev_workers, *(p[0] for p in parts)]),
