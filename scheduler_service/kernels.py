@@ -284,6 +284,118 @@ def partition(offsets, lids, info, num_workers, per_worker, given, pairs, seen):
     return assign, held, local, wl_offsets, wl_lids
 
 
+# The same stage in chunks of samples, for big batches: the caller chooses the workers of
+# chunk c + 1 (``choose_chunk``) while the helper thread lists the keys of chunk c
+# (``list_chunk``, chunks in order), then the pairs are grouped (``group_pairs``).
+@njit(nogil=True)
+def choose_chunk(offsets, lids, info, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """:func:`partition`'s choice for samples ``first..last-1``; ``state`` carries
+    (lowest worker that may have room, held, local) from chunk to chunk."""
+    num_workers = room.shape[0]
+    total = lids.shape[0]
+    choose = given.shape[0] == 0
+    scores = np.zeros(num_workers, dtype=np.int64)
+    touched = np.empty(num_workers, dtype=np.int64)
+    first_free, held, local = state[0], state[1], state[2]
+    end = offsets[last]
+    for p in range(offsets[first], min(offsets[first] + PREFETCH_DISTANCE, end)):
+        prefetch(info, lids[p])
+        prefetch(seen, lids[p])
+    for i in range(first, last):
+        count = 0
+        for p in range(offsets[i], offsets[i + 1]):
+            if p + PREFETCH_DISTANCE < end:
+                prefetch(info, lids[p + PREFETCH_DISTANCE])
+                prefetch(seen, lids[p + PREFETCH_DISTANCE])
+            lid = lids[p]
+            if seen[lid] == i:
+                continue
+            seen[lid] = i
+            mask = info[lid, HOLDERS]
+            while mask:
+                low = mask & (~mask + np.uint64(1))
+                w = bit_index(low)
+                if scores[w] == 0:
+                    touched[count] = w
+                    count += 1
+                scores[w] += 1
+                mask ^= low
+        top = 0
+        if choose:
+            best = -1
+            best_score = 0
+            for j in range(count):
+                w = touched[j]
+                sc = scores[w]
+                top = max(top, sc)
+                if room[w] > 0 and (sc > best_score or (sc == best_score and w < best)):
+                    best = w
+                    best_score = sc
+            if best < 0:
+                while room[first_free] == 0:
+                    first_free += 1
+                best = first_free
+            room[best] -= 1
+        else:
+            best = given[i]
+            best_score = scores[best]
+            for j in range(count):
+                top = max(top, scores[touched[j]])
+        for j in range(count):
+            scores[touched[j]] = 0
+        assign[i] = best
+        if top > 0:
+            held += 1
+            if best_score == top:
+                local += 1
+    state[0], state[1], state[2] = first_free, held, local
+    _ = total
+    return 0
+
+
+@njit(nogil=True)
+def list_chunk(offsets, lids, assign, trainers, pairs, state, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """:func:`partition`'s lists for samples ``first..last-1`` (after every earlier
+    chunk's): new (lid, worker) pairs appended to ``pairs`` as ``lid << 8 | w`` at
+    ``state[0]``; ``trainers[lid]`` bit w set."""
+    npairs = state[0]
+    end = offsets[last]
+    for p in range(offsets[first], min(offsets[first] + PREFETCH_DISTANCE, end)):
+        prefetch(trainers, lids[p])
+    for i in range(first, last):
+        w = assign[i]
+        bit = np.uint64(1) << np.uint64(w)
+        for p in range(offsets[i], offsets[i + 1]):
+            if p + PREFETCH_DISTANCE < end:
+                prefetch(trainers, lids[p + PREFETCH_DISTANCE])
+            lid = lids[p]
+            if not trainers[lid] & bit:
+                trainers[lid] |= bit
+                pairs[npairs] = (lid << 8) | w
+                npairs += 1
+    state[0] = npairs
+    return 0
+
+
+@njit(nogil=True)
+def group_pairs(pairs, npairs, num_workers, trainers, info):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """(wl_offsets, wl_lids) of :func:`partition` from the listed pairs; copies
+    ``trainers`` into ``info[:, TRAINERS]``."""
+    for lid in range(trainers.shape[0]):
+        info[lid, TRAINERS] = trainers[lid]
+    counts = np.zeros(num_workers + 1, dtype=np.int64)
+    for q in range(npairs):
+        counts[(pairs[q] & 255) + 1] += 1
+    wl_offsets = np.cumsum(counts)
+    fill = wl_offsets[:-1].copy()
+    wl_lids = np.empty(npairs, dtype=np.int64)
+    for q in range(npairs):
+        w = pairs[q] & 255
+        wl_lids[fill[w]] = pairs[q] >> 8
+        fill[w] += 1
+    return wl_offsets, wl_lids
+
+
 @njit(nogil=True)
 def samples_by_worker(assign, num_workers, per_worker):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Sample indices grouped by worker (worker w's at ``w * per_worker``), in input order

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+import threading
 from dataclasses import dataclass
 from functools import partial
 
@@ -30,7 +31,7 @@ from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
 from scheduler_service.mirror import PARALLEL_KEYS, PIECES, CacheMirror
-from scheduler_service.split import run_pieces
+from scheduler_service.split import HELPER, run_pieces
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -82,11 +83,67 @@ def _partition(
 ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
     """``kernels.partition``; ``scratch``: len(lids) + len(info) int64 of working space."""
     pairs, seen = scratch[: lids.shape[0]], scratch[lids.shape[0] :].view(np.int32)
+    if lids.shape[0] >= PARALLEL_KEYS and batch.samples >= 2 * PARTITION_CHUNKS:
+        return _partition_pipelined(batch, lids, info, given, pairs, seen[: info.shape[0]])
     workers, held, local, offsets, wl_lids = kernels.partition(
         batch.offsets, lids, info, batch.num_workers, batch.samples_per_worker, given, pairs,
         seen[: info.shape[0]],
     )  # fmt: skip
     return Assignment(workers, int(held), int(local)), (offsets, wl_lids)
+
+
+PARTITION_CHUNKS = 8  # chunks of samples a big batch's partition is pipelined in
+
+
+def _partition_pipelined(
+    batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+    given: npt.NDArray[np.int64], pairs: npt.NDArray[np.int64], seen: npt.NDArray[np.int32],
+) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+    """``kernels.partition`` in chunks of samples: this thread chooses chunk c + 1 while
+    the helper lists chunk c. Lists run strictly in chunk order (first occurrence
+    decides a worker's key order); a chunk the helper has not started when this thread is
+    done choosing is listed here, so a busy helper never makes the batch wait."""
+    n, samples = batch.num_workers, batch.samples
+    seen[:] = -1
+    room = np.full(n, batch.samples_per_worker, np.int64)
+    choice_state = np.zeros(3, np.int64)
+    list_state = np.zeros(1, np.int64)
+    assign = np.empty(samples, np.int64)
+    trainers = np.zeros(info.shape[0], np.uint64)
+    bounds = np.linspace(0, samples, PARTITION_CHUNKS + 1).astype(int).tolist()
+    chunks = list(itertools.pairwise(bounds))
+    lock = threading.Lock()
+    claimed = [False] * len(chunks)
+    done = [threading.Event() for _ in chunks]
+
+    def claim(c: int) -> bool:
+        with lock:
+            mine, claimed[c] = not claimed[c], True
+        return mine
+
+    def list_(c: int) -> None:
+        if c:
+            done[c - 1].wait()
+        a, b = chunks[c]
+        kernels.list_chunk(batch.offsets, lids, assign, trainers, pairs, list_state, a, b)
+        done[c].set()
+
+    def helper(c: int) -> None:
+        if claim(c):
+            list_(c)
+
+    for c, (a, b) in enumerate(chunks):
+        kernels.choose_chunk(batch.offsets, lids, info, seen, room, choice_state, assign, a, b,
+                             given)  # fmt: skip
+        HELPER.submit(helper, c)
+    for c in range(len(chunks)):
+        if claim(c):
+            list_(c)
+        else:
+            done[c].wait()
+    offsets, wl_lids = kernels.group_pairs(pairs, int(list_state[0]), n, trainers, info)
+    held, local = int(choice_state[1]), int(choice_state[2])
+    return Assignment(assign, held, local), (offsets, wl_lids)
 
 
 class SequentialPartitioner(Partitioner):
