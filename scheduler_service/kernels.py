@@ -179,12 +179,6 @@ def rows_of_kids(kids, uniq, holders, info):  # type: ignore[no-untyped-def]  # 
         info[i, TRAINERS] = 0
 
 
-@njit(nogil=True)
-def set_kids(info, kids):  # type: ignore[no-untyped-def]  # pragma: no cover
-    for i in range(kids.shape[0]):
-        info[i, KID] = kids[i]
-
-
 # ----- stage 1: partition and mini-batches, one pass --------------------------
 @njit(nogil=True)
 def partition(offsets, lids, info, num_workers, per_worker, given, pairs, seen):  # type: ignore[no-untyped-def]  # pragma: no cover
@@ -292,7 +286,6 @@ def choose_chunk(offsets, lids, info, seen, room, state, assign, first, last, gi
     """:func:`partition`'s choice for samples ``first..last-1``; ``state`` carries
     (lowest worker that may have room, held, local) from chunk to chunk."""
     num_workers = room.shape[0]
-    total = lids.shape[0]
     choose = given.shape[0] == 0
     scores = np.zeros(num_workers, dtype=np.int64)
     touched = np.empty(num_workers, dtype=np.int64)
@@ -349,7 +342,6 @@ def choose_chunk(offsets, lids, info, seen, room, state, assign, first, last, gi
             if best_score == top:
                 local += 1
     state[0], state[1], state[2] = first_free, held, local
-    _ = total
     return 0
 
 
