@@ -76,12 +76,15 @@ def plan_all(
     mode: str,
     iterations: int | None,
     epochs: int = 1,
+    expected_keys: int = 0,
 ) -> Scheduler:
     """Plan every global batch of ``epochs`` passes over ``dataset`` (at most ``iterations``)
     in ``mode``, plans dropped; the scheduler, with its counts. ``CacheTooSmall`` if a
     mini-batch does not fit a cache. Each pass counts: location-aware assignment depends
-    on what the caches hold, so a later pass may split the same batch differently."""
-    scheduler = Scheduler(workers, capacity, mode)
+    on what the caches hold, so a later pass may split the same batch differently.
+    ``expected_keys`` (the data's distinct keys, when known; 0: unknown) sizes the
+    scheduler's key index and records up front (docs/scheduler.md, the cache mirror)."""
+    scheduler = Scheduler(workers, capacity, mode, expected_keys=expected_keys)
     size = workers * batch_size_per_worker
     passes = (part for _ in range(epochs) for part in dataset.batches(size))
     for t, part in enumerate(itertools.islice(passes, iterations)):
