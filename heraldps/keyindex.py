@@ -175,6 +175,12 @@ class KeyIndex:
         return self._size
 
     @property
+    def slots(self) -> npt.NDArray[np.int64]:
+        """The slot table, for compiled readers that probe it themselves (``probe``);
+        only valid until the next ``insert`` (which may replace it)."""
+        return self._slots
+
+    @property
     def nbytes(self) -> int:
         """Bytes held by the slot arrays."""
         return int(self._slots.nbytes)
@@ -204,14 +210,10 @@ class KeyIndex:
             return
         if rows >= np.iinfo(np.int32).max:
             raise OverflowError("a KeyIndex holds at most 2**31 - 1 rows")
-        occupied = self._slots[:, 1] >= 0
-        old_keys = self._slots[occupied, 0]
-        old_rows = self._slots[occupied, 1]
-        self._slots = empty_slot_table(_capacity_for(rows))
-        # Re-insert in row order so each key keeps its row number.
-        order = np.argsort(old_rows, kind="stable")
-        scratch = np.empty(old_keys.shape[0], dtype=np.int64)
-        _resolve(self._slots, old_keys[order], True, 0, scratch)
+        # Every (key, row) entry moves as it is: rows keep their numbers, no sort.
+        slots = empty_slot_table(_capacity_for(rows))
+        rehash(self._slots, slots)
+        self._slots = slots
 
 
 def distinct(

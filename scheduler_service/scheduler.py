@@ -16,7 +16,10 @@ pulls the previous iteration cannot change.
 from __future__ import annotations
 
 import abc
+import itertools
+import threading
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +30,8 @@ from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
-from scheduler_service.mirror import CacheMirror
+from scheduler_service.mirror import PARALLEL_KEYS, PIECES, CacheMirror
+from scheduler_service.split import HELPER, run_pieces
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -55,39 +59,115 @@ class Assignment:
     local: int
 
 
+MiniBatches = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+"""(offsets, lids): worker w's distinct keys at ``lids[offsets[w]:offsets[w + 1]]``."""
+
+
 class Partitioner(abc.ABC):
-    """Decides which worker trains each sample of a batch (scoring sample i, if it
-    does, with the mirror's ``seen`` stamp ``mirror.samples_seen + i``)."""
+    """Decides which worker trains each sample of a batch, from the batch's local key ids
+    (``lids``) and its key rows (``info``: which workers hold each key validly); the same
+    pass lists each worker's keys (``kernels.partition``)."""
 
     @abc.abstractmethod
-    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
-        """Worker of every sample; each worker gets exactly ``samples_per_worker``."""
+    def assign(
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
+    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+        """Worker of every sample (each worker gets exactly ``samples_per_worker``), and
+        the mini-batches; ``scratch``: len(lids) + len(info) int64 of working space."""
+
+
+def _partition(
+    batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+    given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64],
+) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+    """``kernels.partition``; ``scratch``: len(lids) + len(info) int64 of working space."""
+    pairs, seen = scratch[: lids.shape[0]], scratch[lids.shape[0] :].view(np.int32)
+    if lids.shape[0] >= PARALLEL_KEYS and batch.samples >= 2 * PARTITION_CHUNKS:
+        return _partition_pipelined(batch, lids, info, given, pairs, seen[: info.shape[0]])
+    workers, held, local, offsets, wl_lids = kernels.partition(
+        batch.offsets, lids, info, batch.num_workers, batch.samples_per_worker, given, pairs,
+        seen[: info.shape[0]],
+    )  # fmt: skip
+    return Assignment(workers, int(held), int(local)), (offsets, wl_lids)
+
+
+PARTITION_CHUNKS = 8  # chunks of samples a big batch's partition is pipelined in
+
+
+def _partition_pipelined(
+    batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+    given: npt.NDArray[np.int64], pairs: npt.NDArray[np.int64], seen: npt.NDArray[np.int32],
+) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+    """``kernels.partition`` in chunks of samples: this thread chooses chunk c + 1 while
+    the helper lists chunk c. Lists run strictly in chunk order (first occurrence
+    decides a worker's key order); a chunk the helper has not started when this thread is
+    done choosing is listed here, so a busy helper never makes the batch wait."""
+    n, samples = batch.num_workers, batch.samples
+    seen[:] = -1
+    room = np.full(n, batch.samples_per_worker, np.int64)
+    choice_state = np.zeros(3, np.int64)
+    list_state = np.zeros(1, np.int64)
+    assign = np.empty(samples, np.int64)
+    trainers = np.zeros(info.shape[0], np.uint64)
+    bounds = np.linspace(0, samples, PARTITION_CHUNKS + 1).astype(int).tolist()
+    chunks = list(itertools.pairwise(bounds))
+    lock = threading.Lock()
+    claimed = [False] * len(chunks)
+    done = [threading.Event() for _ in chunks]
+
+    def claim(c: int) -> bool:
+        with lock:
+            mine, claimed[c] = not claimed[c], True
+        return mine
+
+    def list_(c: int) -> None:
+        if c:
+            done[c - 1].wait()
+        a, b = chunks[c]
+        kernels.list_chunk(batch.offsets, lids, assign, trainers, pairs, list_state, a, b)
+        done[c].set()
+
+    def helper(c: int) -> None:
+        if claim(c):
+            list_(c)
+
+    for c, (a, b) in enumerate(chunks):
+        kernels.choose_chunk(batch.offsets, lids, info, seen, room, choice_state, assign, a, b,
+                             given)  # fmt: skip
+        HELPER.submit(helper, c)
+    for c in range(len(chunks)):
+        if claim(c):
+            list_(c)
+        else:
+            done[c].wait()
+    offsets, wl_lids = kernels.group_pairs(pairs, int(list_state[0]), n, trainers, info)
+    held, local = int(choice_state[1]), int(choice_state[2])
+    return Assignment(assign, held, local), (offsets, wl_lids)
 
 
 class SequentialPartitioner(Partitioner):
     """Sample i goes to worker i // m (a plain data loader).
 
-    Its locality costs one scoring pass over the batch (Algorithm 1's, without choosing).
+    Its locality costs Algorithm 1's scoring, without choosing.
     """
 
-    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
-        workers = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
-        held, local = kernels.assignment_locality(
-            batch.offsets, kids, mirror.holders, mirror.seen, mirror.samples_seen, workers,
-            batch.num_workers,
-        )  # fmt: skip
-        return Assignment(workers, int(held), int(local))
+    def assign(
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
+    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+        given = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
+        return _partition(batch, lids, info, given, scratch)
 
 
 class LocationAwarePartitioner(Partitioner):
     """Herald Algorithm 1, scored on the mirror's valid copies at the start of the batch."""
 
-    def assign(self, batch: Batch, kids: npt.NDArray[np.int64], mirror: CacheMirror) -> Assignment:
-        workers, held, local = kernels.location_aware_assign(
-            batch.offsets, kids, mirror.holders, mirror.seen, mirror.samples_seen,
-            batch.num_workers, batch.samples_per_worker,
-        )  # fmt: skip
-        return Assignment(workers, int(held), int(local))
+    def assign(
+        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
+    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
+        return _partition(batch, lids, info, np.empty(0, np.int64), scratch)
 
 
 class SyncPlanner(abc.ABC):
@@ -164,7 +244,12 @@ class Scheduler:
     so the PS alone holds the model once t is committed."""
 
     def __init__(
-        self, num_workers: int, capacity: int, mode: str = "herald", checkpoint_every: int = 0
+        self,
+        num_workers: int,
+        capacity: int,
+        mode: str = "herald",
+        checkpoint_every: int = 0,
+        expected_keys: int = 0,
     ) -> None:
         if mode not in MODES:
             raise InvalidArgument(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -173,7 +258,7 @@ class Scheduler:
         self.partitioner = partitioner()
         self.planner = planner()
         self.early = EarlyPulls() if mode == PIPELINED_MODE else None
-        self.mirror = CacheMirror(num_workers, capacity)
+        self.mirror = CacheMirror(num_workers, capacity, expected_keys)
         self.counts = Traffic()
         self.checkpoint_every = checkpoint_every
         self.next_iteration: int | None = None
@@ -192,15 +277,12 @@ class Scheduler:
         mirror = self.mirror
         n = mirror.num_workers
         check_next_batch(batch, n, self.next_iteration)
-        kids = mirror.kids(batch.keys)
-        # The stamps only tell scratch entries of this batch from older ones, so
-        # they advance even when the batch is then rejected.
-        assignment = self.partitioner.assign(batch, kids, mirror)
+        lids, uniq = mirror.local_ids(batch.keys)
+        info = mirror.key_rows(uniq)
+        scratch = mirror.scratch("partition", lids.shape[0] + info.shape[0])
+        assignment, (wl_offsets, wl_lids) = self.partitioner.assign(batch, lids, info, scratch)
         assign = assignment.workers
         mirror.samples_seen += batch.samples
-        batch_keys, wl_offsets, wl_kids = kernels.worker_lists(
-            batch.offsets, kids, assign, n, mirror.stamp, mirror.trainers, mirror.batches_seen
-        )
         mirror.batches_seen += 1
         sizes = np.diff(wl_offsets)
         if sizes.max(initial=0) > mirror.capacity:
@@ -209,37 +291,36 @@ class Scheduler:
         # Validated: from here on the mirror changes.
         flush_workers, flush_keys = self._checkpoint_flush()
         mirror.reserve(wl_offsets)
-        (ev_offsets, evicted, pl_offsets, pulled, trained, co_start, dirty_evicted,
-         hits) = kernels.cache_ops(
-            wl_offsets, wl_kids, n, mirror.capacity, mirror.holders, mirror.present,
-            mirror.trainers, mirror.dirty_owner, mirror.key, mirror.positions, mirror.table,
-            mirror.dense, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
-        )  # fmt: skip
-        prev_workers, prev_keys, now_workers, now_keys = kernels.settle(
-            batch_keys, mirror.trainers, mirror.holders, mirror.dirty_owner, mirror.key,
-            dirty_evicted, self.planner.on_demand,
-        )  # fmt: skip
-        self.counts.hits += int(hits)
+        out, counts, victims = _cache_ops(mirror, wl_offsets, wl_lids, info)
+        dirty_evicted = kernels.drop_victims(wl_offsets, counts, victims, mirror.holders)
+        prev_workers, prev_keys, now_workers, now_keys = _settle(
+            mirror, info, dirty_evicted, self.planner.on_demand
+        )
+        self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
 
         if flush_keys.shape[0]:  # written back at the checkpoint, with the previous lists
             prev_workers = np.concatenate([prev_workers, flush_workers])
             prev_keys = np.concatenate([prev_keys, flush_keys])
-        samples_order = np.argsort(assign, kind="stable")
         m = batch.samples_per_worker
+        samples_order = kernels.samples_by_worker(assign, n, m)
         wb_offsets, wb_keys = _sorted_by_worker(now_workers, now_keys, n)
+        checkpoint = is_checkpoint(batch.iteration, self.checkpoint_every)
+        starts, ends = wl_offsets[:-1].tolist(), wl_offsets[1:].tolist()
+        pulls, evicts, locals_ = counts[:, 0].tolist(), counts[:, 1].tolist(), counts[:, 2].tolist()
+        pulled, evicted, trained = out[0], out[1], out[2]
         plans = [
             CommPlan(
                 iteration=batch.iteration,
                 worker=w,
                 samples=samples_order[w * m : (w + 1) * m],
-                evict=evicted[ev_offsets[w] : ev_offsets[w + 1]],
-                pull=pulled[pl_offsets[w] : pl_offsets[w + 1]],
-                update_local=trained[wl_offsets[w] : co_start[w]],
-                push_grads=trained[co_start[w] : wl_offsets[w + 1]],
+                evict=evicted[starts[w] : starts[w] + evicts[w]],
+                pull=pulled[starts[w] : starts[w] + pulls[w]],
+                update_local=trained[starts[w] : locals_[w]],
+                push_grads=trained[locals_[w] : ends[w]],
                 write_back=wb_keys[wb_offsets[w] : wb_offsets[w + 1]],
-                checkpoint=is_checkpoint(batch.iteration, self.checkpoint_every),
+                checkpoint=checkpoint,
             )
             for w in range(n)
         ]
@@ -280,6 +361,73 @@ class Scheduler:
             self.counts.add_plan(plan)
         released, self._pending = self._pending, []
         return released
+
+
+PARALLEL_PAIRS = 32_768  # below this many (key, worker) pairs, one thread is faster
+
+
+def _cache_ops(
+    mirror: CacheMirror,
+    wl_offsets: npt.NDArray[np.int64],
+    wl_lids: npt.NDArray[np.int64],
+    info: npt.NDArray[np.uint64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Stage 3 (``kernels.cache_ops``) for every worker: on two threads, each with about
+    half of the (key, worker) pairs, when the batch is big enough to pay for it.
+
+    Returns (out_keys, counts, victims) as ``kernels.cache_ops`` fills them."""
+    n = mirror.num_workers
+    total = int(wl_offsets[-1])
+    out = np.empty((3, total), np.int64)  # the plans keep views of it
+    counts = np.zeros((n, 4), np.int64)
+    victims = mirror.scratch("victims", total)
+    co_trained = mirror.scratch("co_trained", total)
+    mirror.fresh_tables(np.diff(wl_offsets))
+    args = (
+        wl_offsets, wl_lids, info, mirror.capacity, mirror.tables, mirror.fresh,
+        mirror.placeholder, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
+        mirror.dirty_owner, mirror.key, out, counts, victims, co_trained,
+    )  # fmt: skip
+    if total < PARALLEL_PAIRS or n == 1:
+        kernels.cache_ops(np.arange(n, dtype=np.int64), *args)
+        return out, counts, victims
+    pieces = min(PIECES, n)
+    # Worker groups of about equal pairs: cut the pair offsets at equal shares.
+    cuts = np.searchsorted(wl_offsets, np.arange(1, pieces) * total // pieces)
+    edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, n - 1), [n]])).tolist()
+    run_pieces([
+        partial(kernels.cache_ops, np.arange(a, b, dtype=np.int64), *args)
+        for a, b in itertools.pairwise(edges)
+    ])  # fmt: skip
+    return out, counts, victims
+
+
+def _settle(
+    mirror: CacheMirror,
+    info: npt.NDArray[np.uint64],
+    dirty_evicted: npt.NDArray[np.int64],
+    on_demand: bool,
+) -> tuple[npt.NDArray[np.int64], ...]:
+    """Stage 4: the evicted dirty rows first, then the batch's keys (``kernels.settle``),
+    in two halves at once for a big batch (each key's record is its own)."""
+    ev_workers, ev_keys = kernels.settle_evicted(dirty_evicted, mirror.dirty_owner, mirror.key)
+    nb = info.shape[0]
+    args = (mirror.holders, mirror.dirty_owner, on_demand)
+    if nb < PARALLEL_KEYS:
+        prev_w, prev_k, now_w, now_k = kernels.settle(info, 0, nb, *args)
+        if ev_workers.shape[0]:
+            prev_w, prev_k = np.concatenate([ev_workers, prev_w]), np.concatenate([ev_keys, prev_k])
+        return prev_w, prev_k, now_w, now_k
+    bounds = np.linspace(0, nb, PIECES + 1).astype(int).tolist()
+    parts = run_pieces([
+        partial(kernels.settle, info, a, b, *args) for a, b in itertools.pairwise(bounds)
+    ])  # fmt: skip
+    return (
+        np.concatenate([ev_workers, *(p[0] for p in parts)]),
+        np.concatenate([ev_keys, *(p[1] for p in parts)]),
+        np.concatenate([p[2] for p in parts]),
+        np.concatenate([p[3] for p in parts]),
+    )
 
 
 def _sorted_by_worker(
@@ -342,12 +490,14 @@ class SampleScheduler:
 
 
 def make_scheduler(
-    num_workers: int, capacity: int, mode: str, checkpoint_every: int = 0
+    num_workers: int, capacity: int, mode: str, checkpoint_every: int = 0, expected_keys: int = 0
 ) -> Scheduler | SampleScheduler:
-    """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``."""
+    """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``.
+
+    ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front."""
     if mode == HET_MODE:
         return SampleScheduler(num_workers, capacity, checkpoint_every)
-    return Scheduler(num_workers, capacity, mode, checkpoint_every)
+    return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys)
 
 
 SERVICE_MODES = ALL_MODES

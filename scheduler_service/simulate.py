@@ -106,14 +106,17 @@ def plan_all(
     mode: str,
     iterations: int | None,
     epochs: int = 1,
+    expected_keys: int = 0,
 ) -> Scheduler:
     """Plan every global batch of ``epochs`` passes over ``data`` (at most ``iterations``;
     streamed batches carry their own passes and cap) in ``mode``, plans dropped; the
     scheduler, with its counts. ``CacheTooSmall`` if a mini-batch does not fit a cache.
     Each pass counts: location-aware assignment depends on what the caches hold, so a
-    later pass may split the same batch differently."""
-    return plan_modes(_as_batches(data, workers, batch_size_per_worker, iterations, epochs),
-                      workers, capacity, (mode,))[mode]  # fmt: skip
+    later pass may split the same batch differently. ``expected_keys`` (the data's
+    distinct keys, when known; 0: unknown) sizes the scheduler's key index and records
+    up front (docs/scheduler.md, the cache mirror)."""
+    batches = _as_batches(data, workers, batch_size_per_worker, iterations, epochs)
+    return plan_modes(batches, workers, capacity, (mode,), expected_keys=expected_keys)[mode]
 
 
 Progress = Callable[[int, int], None]
@@ -126,11 +129,14 @@ def plan_modes(
     modes: Sequence[str],
     progress: Progress | None = None,
     seconds: dict[str, float] | None = None,
+    expected_keys: int = 0,
 ) -> dict[str, Scheduler]:
     """Plan every batch in each of ``modes``, reading the data once: each batch goes to
     every mode's scheduler in turn. ``progress(done, total)`` after each batch;
-    ``seconds`` gets each mode's planning time."""
-    schedulers = {mode: Scheduler(workers, capacity, mode) for mode in modes}
+    ``seconds`` gets each mode's planning time; ``expected_keys`` sizes each scheduler."""
+    schedulers = {
+        mode: Scheduler(workers, capacity, mode, expected_keys=expected_keys) for mode in modes
+    }
     spent = dict.fromkeys(modes, 0.0)
     total = len(batches)
     for t, part in enumerate(batches.iter_from(0)):
@@ -180,7 +186,8 @@ def simulate(
     capacity = config.cache_rows(distinct_keys)
     batches = config.batches(data)
     seconds: dict[str, float] = {}
-    schedulers = plan_modes(batches, config.workers, capacity, list(MODES), progress, seconds)
+    schedulers = plan_modes(batches, config.workers, capacity, list(MODES), progress, seconds,
+                            expected_keys=distinct_keys)  # fmt: skip
     modes = {mode: mode_counts(schedulers[mode], seconds[mode]) for mode in MODES}
     rows = data.rows if isinstance(data, SparseDataset) else batches_rows(batches)
     return {

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.plan import CommPlan
+from scheduler_service import mirror as mirror_module
+from scheduler_service import scheduler as scheduler_module
 from scheduler_service.batch import Batch
+from scheduler_service.mirror import growth_threshold
 from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES, Scheduler
 
@@ -226,10 +229,10 @@ def test_bad_batches() -> None:
 
 @pytest.mark.parametrize("mode", ["naive", "herald"])
 def test_many_workers_use_the_slot_table_and_still_equal_the_reference(mode: str) -> None:
-    """Above 16 workers the mirror keeps cache slots in a hash table instead of key records."""
+    """Many workers, each with its own position table, grown as its cache fills."""
     batches = random_batches(3, 10, 20, 3, 4, 400)
     fast, ref = Scheduler(20, 14, mode), ReferenceScheduler.for_mode(20, 14, mode)
-    assert not fast.mirror.dense
+    assert len(fast.mirror.tables) == 20
     for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
         assert a.same_as(b)
     assert fast.counts == ref.counts and fast.counts.evictions > 0
@@ -248,3 +251,49 @@ def test_long_runs_compact_the_lru_queues_and_still_equal_the_reference(workers:
     queue = fast.mirror.queue
     assert touches / workers > 2 * queue.shape[1]  # the queues were compacted several times
     assert (fast.mirror.queue_tail - fast.mirror.queue_head <= queue.shape[1]).all()
+
+
+@pytest.mark.parametrize("mode", ["herald", "naive", "herald_pipelined"])
+def test_two_threads_plan_exactly_as_the_reference(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thresholds of 1 put every split stage (local ids, key rows, cache pass, settle) on
+    two threads even for tiny batches; the plans are still the reference's."""
+    monkeypatch.setattr(scheduler_module, "PARALLEL_PAIRS", 1)
+    monkeypatch.setattr(scheduler_module, "PARALLEL_KEYS", 1)
+    monkeypatch.setattr(mirror_module, "PARALLEL_KEYS", 1)
+    batches = random_batches(4, 12, 20, 4, 5, 300)
+    fast, ref = Scheduler(20, 30, mode), ReferenceScheduler.for_mode(20, 30, mode)
+    for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
+        assert a.same_as(b)
+    assert fast.counts == ref.counts and fast.counts.evictions > 0
+
+
+def test_position_tables_and_records_grow_and_still_equal_the_reference() -> None:
+    """Caches of 1,500 rows outgrow the first 1,024-slot position tables, and 5,000 keys
+    outgrow records sized for a hint of 10 keys: both grow by the documented policy."""
+    rng = np.random.default_rng(9)
+    offsets = np.arange(3 * 40 + 1) * 8
+    batches = [Batch.from_arrays(t, offsets, rng.integers(0, 5000, 3 * 40 * 8), 3)
+               for t in range(15)]  # fmt: skip
+    fast = Scheduler(3, 1500, "herald", expected_keys=10)
+    ref = ReferenceScheduler.for_mode(3, 1500, "herald")
+    for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
+        assert a.same_as(b)
+    assert fast.counts == ref.counts and fast.counts.evictions > 0
+    assert min(table.shape[0] for table in fast.mirror.tables) > 1024
+    assert len(fast.mirror.index) > 1024
+    assert fast.mirror.holders.shape[0] >= len(fast.mirror.index)
+
+
+def test_growth_thresholds_are_staggered_between_a_quarter_and_a_half() -> None:
+    thresholds = [growth_threshold(w) for w in range(64)]
+    assert min(thresholds) > 0.25 and max(thresholds) == 0.5
+    assert len(set(thresholds[:8])) == 8
+
+
+def test_expected_keys_sizes_the_mirror_up_front() -> None:
+    s = Scheduler(2, 10, "herald", expected_keys=100_000)
+    assert s.mirror.holders.shape[0] >= 100_000
+    with pytest.raises(InvalidArgument, match="expected keys"):
+        Scheduler(2, 10, "herald", expected_keys=-1)

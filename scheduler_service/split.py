@@ -1,0 +1,72 @@
+"""Pieces of a stage shared by the calling thread and one helper thread (the second core).
+
+Each piece is one compiled kernel call that releases the GIL. The caller takes pieces
+from the front, the helper from the back; a piece the helper has not started by the time
+the caller runs out is the caller's. So on a busy machine, where the helper may not be
+scheduled for milliseconds, a batch never waits for it: the caller does the work alone,
+as fast as with one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-helper")
+"""Shared by every scheduler of a process. Its tasks never wait on other tasks, so
+sharing it cannot deadlock; a scheduler whose helper task is queued behind another's
+just does the work itself."""
+
+
+def run_pieces(pieces: Sequence[Callable[[], T]]) -> list[T]:
+    """Results of ``pieces`` (in order), run by this thread and the helper."""
+    count = len(pieces)
+    if count == 1:
+        return [pieces[0]()]
+    results: list[T | None] = [None] * count
+    errors: list[BaseException] = []
+    done = [threading.Event() for _ in range(count)]
+    lock = threading.Lock()
+    bounds = [0, count - 1]  # next piece from the front, from the back
+
+    def take(front: bool) -> int | None:
+        with lock:
+            if bounds[0] > bounds[1]:
+                return None
+            if front:
+                bounds[0] += 1
+                return bounds[0] - 1
+            bounds[1] -= 1
+            return bounds[1] + 1
+
+    def helper() -> None:
+        while (i := take(front=False)) is not None:
+            try:
+                results[i] = pieces[i]()
+            except BaseException as err:  # re-raised on the calling thread
+                errors.append(err)
+            finally:
+                done[i].set()
+
+    HELPER.submit(helper)
+    mine: list[int] = []
+    try:
+        while (i := take(front=True)) is not None:
+            mine.append(i)
+            results[i] = pieces[i]()
+    except BaseException:
+        with lock:  # the helper starts nothing more; wait for what it has started
+            unclaimed = set(range(bounds[0], bounds[1] + 1))
+            bounds[0] = bounds[1] + 1
+        for i in set(range(count)) - set(mine) - unclaimed:
+            done[i].wait()
+        raise
+    for i in set(range(count)) - set(mine):
+        done[i].wait()
+    if errors:
+        raise errors[0]
+    return results  # type: ignore[return-value]

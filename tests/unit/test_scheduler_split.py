@@ -1,0 +1,54 @@
+"""Stage pieces shared by the caller and the helper thread (scheduler_service/split.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from scheduler_service.split import HELPER, run_pieces
+
+
+def test_results_come_back_in_piece_order() -> None:
+    assert run_pieces([lambda i=i: i * i for i in range(7)]) == [i * i for i in range(7)]
+    assert run_pieces([lambda: "one"]) == ["one"]
+
+
+def test_the_caller_runs_every_piece_when_the_helper_is_busy() -> None:
+    """A helper that gets no chance to start (here: busy with another task) never makes
+    the caller wait: it runs all the pieces itself."""
+    release = threading.Event()
+    blocker = HELPER.submit(release.wait, 10)
+    try:
+        me = threading.get_ident()
+        threads = run_pieces([threading.get_ident for _ in range(4)])
+        assert threads == [me] * 4
+    finally:
+        release.set()
+        blocker.result()
+
+
+def test_both_threads_take_pieces_when_both_can_run() -> None:
+    """The helper takes pieces from the back while the caller works through the front."""
+    started = threading.Event()
+
+    def slow_first() -> int:
+        assert started.wait(10), "the helper never took a piece"
+        return threading.get_ident()
+
+    def last() -> int:
+        started.set()
+        return threading.get_ident()
+
+    first_thread, last_thread = run_pieces([slow_first, last])
+    assert first_thread == threading.get_ident() != last_thread
+
+
+def test_an_error_in_a_piece_reaches_the_caller() -> None:
+    def fail() -> int:
+        raise ValueError("piece 2 failed")
+
+    with pytest.raises(ValueError, match="piece 2 failed"):
+        run_pieces([lambda: 1, lambda: 2, fail, lambda: 4])
+    # The helper is still usable afterwards.
+    assert run_pieces([lambda: 5, lambda: 6]) == [5, 6]
