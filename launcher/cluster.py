@@ -174,6 +174,7 @@ def scheduler_process(
     compress_plans: bool = False,
     extra: tuple[str, ...] = (),
     worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
+    expected_keys: int = 0,
 ) -> ManagedProcess:
     """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links);
     ``extra``: more ``heraldps scheduler`` flags (checkpoints, resume); ``worker_timeout``:
@@ -181,7 +182,8 @@ def scheduler_process(
     args = ["scheduler", "--host", host, "--port", "0", "--metrics-port", "0",
             "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
             "--ps", ",".join(ps), "--grace-seconds", "5",
-            "--threads", str(2 * workers + 8), "--worker-timeout", str(worker_timeout)]  # fmt: skip
+            "--threads", str(2 * workers + 8), "--worker-timeout", str(worker_timeout),
+            "--expected-keys", str(expected_keys)]  # fmt: skip
     if compress_plans:
         args.append("--compress-plans")
     args += extra

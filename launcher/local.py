@@ -378,7 +378,8 @@ class _Attempt:
                                           **_placed(network, "scheduler"),
                                           compress_plans=network is not None,
                                           extra=self._scheduler_flags(),
-                                          worker_timeout=self.recovery.worker_timeout)  # fmt: skip
+                                          worker_timeout=self.recovery.worker_timeout,
+                                          expected_keys=job.distinct_keys or 0)  # fmt: skip
             processes.append(scheduler)
             start_servers([scheduler])
             start = self.resumed_at = _next_batch(scheduler.address)

@@ -84,7 +84,7 @@ def check_cache(
     planned = [mode for mode in modes if mode in LOCATION_AWARE_MODES]
     if planned:
         try:
-            plan_modes(every_pass, workers, cache_rows, planned)
+            plan_modes(every_pass, workers, cache_rows, planned, expected_keys=distinct)
         except CacheTooSmall as exc:
             raise cache_error(distinct, exc.needed, cache_rows, " with location-aware "
                               "assignment") from None  # fmt: skip

@@ -37,6 +37,9 @@ class SchedulerConfig:
     workers: int
     cache_rows: int
     mode: str = "herald"
+    # The run's distinct keys when known (a first pass, a keyset): sizes the cache mirror's
+    # index and records up front, so planning never stalls on their growth. 0: unknown.
+    expected_keys: int = 0
     table: str = "emb"
     ps: tuple[str, ...] = field(default_factory=tuple)
     host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly
@@ -110,8 +113,9 @@ class SchedulerServer(GrpcProcess):
         config.security.check()
         self.ps = PSClient(list(config.ps), security=config.ps_security) if config.ps else None
         scheduler = make_scheduler(
-            config.workers, config.cache_rows, config.mode, config.checkpoints.every
-        )
+            config.workers, config.cache_rows, config.mode, config.checkpoints.every,
+            config.expected_keys,
+        )  # fmt: skip
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
         self.watchdog = Watchdog(self.barrier, config.worker_timeout)
         self.checkpointer = (

@@ -48,6 +48,7 @@ class TrainingJob:
     # Rows of the training data (its first pass), so the feeder knows the batch count
     # without reading the data twice; None: the feeder counts them.
     train_rows: int | None = None
+    distinct_keys: int | None = None  # of the training data (first pass): sizes the services
     workers: int = 4
     batch_size_per_worker: int = 128
     iterations: int | None = None

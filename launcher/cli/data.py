@@ -129,7 +129,9 @@ def first_pass(spec: DataSpec, what: str = "reading") -> DataProfile:
         if now - last < 5:
             return
         last = now
-        share = f" ({min(100 * done / total, 100):.0f}% of {total / 2**20:,.0f} MiB)" if total else ""
+        share = (
+            f" ({min(100 * done / total, 100):.0f}% of {total / 2**20:,.0f} MiB)" if total else ""
+        )
         rate = rows / max(now - started, 1e-9)
         print(f"{what}: {rows:,} rows{share}, {rate:,.0f} rows/s", file=sys.stderr, flush=True)
 

@@ -242,6 +242,7 @@ def splits(args: argparse.Namespace, job: TrainingJob) -> Splits:
     profile = first_pass(job.data_spec(), "first pass")
     stats = tuple(s.to_dict() for s in profile.dense_stats)
     job = replace(job, dense_stats=stats or None, train_rows=profile.rows,
+                  distinct_keys=profile.total_distinct_keys,
                   dense_transforms=job.data_spec().transforms() or None)  # fmt: skip
     held_out = job.data_spec(held_out_source, start_row=start)
     # A held-out split of --data was checked by the counting pass; another file is read now.

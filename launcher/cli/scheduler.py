@@ -28,6 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cache-rows", type=int, required=True, help="rows per worker cache")
     p.add_argument(
+        "--expected-keys",
+        type=at_least(0),
+        default=0,
+        help="distinct keys the run will see, when known (the job's first pass, a keyset): "
+        "sizes the cache mirror up front so planning never stalls on its growth; 0: unknown "
+        "(structures double as they fill)",
+    )
+    p.add_argument(
         "--mode",
         default="herald",
         help="naive, on_demand, location_aware, herald, herald_pipelined (herald's plans, "
@@ -118,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = SchedulerConfig(
         workers=args.workers, cache_rows=args.cache_rows, mode=args.mode, table=args.table,
+        expected_keys=args.expected_keys,
         ps=addresses(args.ps), host=args.host, port=args.port,
         metrics_port=args.metrics_port, max_backlog=args.max_backlog,
         max_message_mb=args.max_message_mb, threads=args.threads,
