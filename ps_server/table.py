@@ -32,7 +32,7 @@ from ps_server.checks import (
     check_write_back,
 )
 from ps_server.grad_buffer import GradBuffer
-from ps_server.kernels import gather_rows, scatter_add_rows
+from ps_server.kernels import gather_pull, gather_rows, scatter_add_rows
 from ps_server.memory import MemoryBudget
 
 NEVER_CHANGED = -1
@@ -214,14 +214,39 @@ class StagedTable:
     # ----- requests ---------------------------------------------------------
     def pull(self, keys: npt.NDArray[np.int64], with_state: bool) -> RowBlock:
         """Rows of ``keys`` in request order, creating unseen keys."""
+        n = keys.shape[0]
+        values = np.empty((n, self.dim), dtype=np.float32)
+        state = np.empty((n, self.state_width if with_state else 0), dtype=np.float32)
+        versions = np.empty(n, dtype=np.int64)
         with self.lock:
-            rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
-            values = gather_rows(self._values, rows)
-            if with_state:
-                state = gather_rows(self._state, rows)
-            else:
-                state = np.empty((rows.shape[0], 0), dtype=np.float32)
-            return RowBlock(keys, values, state, self._versions[rows], self._changed[rows])
+            rows = self._pull_into(keys, values, versions, state)
+            return RowBlock(keys, values, state, versions, self._changed[rows])
+
+    def pull_into(
+        self,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        versions: npt.NDArray[np.int64],
+        state: npt.NDArray[np.float32],
+    ) -> None:
+        """:meth:`pull` written straight into the caller's ``values [n, dim]``,
+        ``versions [n]`` and ``state [n, state_width or 0]`` (a response message's
+        payloads, ``ps_server.pull_response``): one gather, no intermediate arrays."""
+        with self.lock:
+            self._pull_into(keys, values, versions, state)
+
+    def _pull_into(
+        self,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        versions: npt.NDArray[np.int64],
+        state: npt.NDArray[np.float32],
+    ) -> npt.NDArray[np.int64]:
+        """The rows of ``keys`` (created if unseen) gathered into the outputs; caller
+        holds the lock."""
+        rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
+        gather_pull(self._values, self._state, self._versions, rows, values, state, versions)
+        return rows
 
     def known(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which keys have a row (caller holds the lock)."""
