@@ -1,9 +1,13 @@
 """One embedding table of a Staged-PS shard, held wholly in host memory.
 
-Rows live in contiguous, growable arrays (keys, values, optimizer state,
-version, iteration of last change), addressed through a compiled
-:class:`~heraldps.keyindex.KeyIndex`. Every operation is a handful of
-vectorized array calls on a whole request.
+Rows live in contiguous arrays (values, optimizer state, version, iteration
+of last change) that grow without copying (``ps_server.row_arrays``),
+addressed through a compiled :class:`~ps_server.row_index.RowIndex`, which
+also holds each row's key. Every operation is a handful of vectorized array
+calls or compiled loops on a whole request. ``expected_rows`` sizes the index
+and reserves the arrays up front, so a table that reaches it never rehashes.
+At 50M rows of dim 16 with AdaGrad a row costs about 1.2x its ideal 144 bytes
+(docs/figures.md, "The PS at 50M rows").
 
 Locking: every public method takes the table's lock for its whole run, so a
 request sees and leaves the table in a consistent state. The shard store
@@ -20,9 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from heraldps import hostmem
 from heraldps.errors import InvalidArgument
-from heraldps.keyindex import KeyIndex, distinct
+from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server.checks import (
     COMMIT_HINT,
@@ -34,6 +37,8 @@ from ps_server.checks import (
 from ps_server.grad_buffer import GradBuffer
 from ps_server.kernels import gather_pull, gather_rows, scatter_add_rows
 from ps_server.memory import MemoryBudget
+from ps_server.row_arrays import RowArray
+from ps_server.row_index import RowIndex
 
 NEVER_CHANGED = -1
 
@@ -119,7 +124,15 @@ class WorkingRows:
 class StagedTable:
     """Host-memory rows of one table on one shard, with per-iteration gradient buffers."""
 
-    def __init__(self, spec: TableSpec, budget: MemoryBudget, committed_iteration: int) -> None:
+    def __init__(
+        self,
+        spec: TableSpec,
+        budget: MemoryBudget,
+        committed_iteration: int,
+        expected_rows: int = 0,
+    ) -> None:
+        """``expected_rows``: rows to size the index and reserve the arrays for (0: grow
+        as keys arrive; either way the table holds any number of rows)."""
         self.spec = spec
         self.dim = spec.dim
         self.state_width = spec.state_width
@@ -128,14 +141,33 @@ class StagedTable:
         self._budget = budget
         self._charged = 0
         self._pending_row_reserve = 0
-        self._index = KeyIndex()
-        self._keys = np.empty(0, dtype=np.int64)
-        self._values = np.empty((0, self.dim), dtype=np.float32)
-        self._state = np.empty((0, self.state_width), dtype=np.float32)
-        self._versions = np.empty(0, dtype=np.int64)
-        self._changed = np.empty(0, dtype=np.int64)
+        self._index = RowIndex(expected_rows)
+        self._columns = (
+            RowArray((self.dim,), np.float32, expected_rows),
+            RowArray((self.state_width,), np.float32, expected_rows),
+            RowArray((), np.int64, expected_rows),
+            RowArray((), np.int64, expected_rows),
+        )
         self._buffers: dict[int, GradBuffer] = {}
         self._account(self._exact_bytes(), "creating the table")
+
+    # The arrays live in their RowArrays only, so a grow can extend them in place:
+    # never keep one of these in a variable across a call that may create rows.
+    @property
+    def _values(self) -> npt.NDArray[np.float32]:
+        return self._columns[0].array
+
+    @property
+    def _state(self) -> npt.NDArray[np.float32]:
+        return self._columns[1].array
+
+    @property
+    def _versions(self) -> npt.NDArray[np.int64]:
+        return self._columns[2].array
+
+    @property
+    def _changed(self) -> npt.NDArray[np.int64]:
+        return self._columns[3].array
 
     # ----- sizes and memory -------------------------------------------------
     @property
@@ -143,9 +175,16 @@ class StagedTable:
         return len(self._index)
 
     @property
+    def capacity(self) -> int:
+        """Rows the arrays have room for (reserved address space; untouched pages cost
+        no memory)."""
+        return self._columns[0].capacity
+
+    @property
     def row_bytes(self) -> int:
-        """Bytes per row: key, version, change mark (int64 each), values and state."""
-        return 24 + 4 * (self.dim + self.state_width)
+        """Bytes per row in the arrays: version, change mark (int64 each), values and
+        state (the key lives in the index)."""
+        return 16 + 4 * (self.dim + self.state_width)
 
     @property
     def nbytes(self) -> int:
@@ -164,8 +203,8 @@ class StagedTable:
         self._charged = total
 
     def _bytes_with_new_rows(self, new_rows: int) -> int:
-        grown_index = KeyIndex.bytes_for(self.rows + new_rows) - self._index.nbytes
-        return self._charged + new_rows * self.row_bytes + max(0, grown_index)
+        grown_index = self._index.bytes_after(self.rows + new_rows) - self._index.nbytes
+        return self._charged + new_rows * self.row_bytes + grown_index
 
     # ----- row creation -----------------------------------------------------
     def _count_missing(self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> int:
@@ -173,28 +212,32 @@ class StagedTable:
         return int(distinct(missing)[0].shape[0]) if missing.shape[0] else 0
 
     def _ensure_rows(
-        self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], fill: bool = True
+        self,
+        keys: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
+        fill: bool = True,
+        keys_distinct: bool = False,
     ) -> npt.NDArray[np.int64]:
         """Create the rows of keys whose ``rows`` entry is -1 (memory already charged);
-        ``fill=False`` leaves their values and state for the caller to write."""
+        ``fill=False`` leaves their values and state for the caller to write;
+        ``keys_distinct``: the caller's keys hold no duplicates (a commit, a load)."""
         absent = rows < 0
         if not absent.any():
             return rows
         old = self.rows
         rows = rows.copy()
-        rows[absent] = self._index.insert(keys[absent])
+        # Distinct absent keys, in first-occurrence order: rows old..new-1.
+        if keys_distinct:
+            new_keys = keys[absent]
+            rows[absent] = self._index.insert(new_keys)
+        else:
+            new_keys, inverse = distinct(keys[absent])
+            rows[absent] = self._index.insert(new_keys)[inverse]
         new = self.rows
-        if new > self._keys.shape[0]:
-            capacity = max(new, 2 * self._keys.shape[0], 1024)
-            self._keys = hostmem.grown(self._keys, capacity)
-            self._values = hostmem.grown(self._values, capacity)
-            self._state = hostmem.grown(self._state, capacity)
-            self._versions = hostmem.grown(self._versions, capacity)
-            self._changed = hostmem.grown(self._changed, capacity)
-        # Rows old..new-1 were created in first-occurrence order of the absent keys.
-        new_keys = np.empty(new - old, dtype=np.int64)
-        new_keys[rows[absent] - old] = keys[absent]
-        self._keys[old:new] = new_keys
+        if new > self.capacity:
+            capacity = max(new, 2 * self.capacity, 1024)
+            for column in self._columns:
+                column.grow(capacity)
         if fill:
             self._values[old:new] = self.spec.initializer.generate(new_keys, self.dim)
             self._state[old:new] = self.spec.optimizer.init_state(new - old, self.dim)
@@ -327,7 +370,7 @@ class StagedTable:
         the rows updated. Caller holds ``self.lock``."""
         updated = 0
         if work is not None:
-            self._store(self._ensure_rows(work.keys, work.slots, fill=False), work)
+            self._store(self._ensure_rows(work.keys, work.slots, False, True), work)
             for it in work.its:
                 del self._buffers[it]
             updated = work.updates
@@ -401,7 +444,7 @@ class StagedTable:
             else:
                 rows = np.flatnonzero(self._changed[:n] > since_iteration)
             return RowBlock(
-                self._keys[rows],
+                self._index.keys_by_row()[rows],
                 self._values[rows],
                 self._state[rows],
                 self._versions[rows],
@@ -419,7 +462,7 @@ class StagedTable:
                 raise InvalidArgument(f"table {self.name!r} is not empty")
             n = len(block)
             self._account(self._bytes_with_new_rows(n), f"loading {n} rows into {self.name!r}")
-            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64), fill=False)
+            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64), False, True)
             self._values[rows] = block.values
             self._state[rows] = block.state
             self._versions[rows] = block.versions
