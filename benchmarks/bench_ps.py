@@ -108,6 +108,7 @@ class Settings:
     memory_rows: int
     pull_rounds: int = PULL_ROUNDS
     table_rows: int = TABLE_ROWS
+    compare_tree: Path | None = None
 
 
 @dataclass
@@ -213,12 +214,17 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def running(command: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process (output to ``log_path``), stopped with SIGTERM on exit, error or not."""
+def running(
+    command: list[str], log_path: Path, tree: Path = ROOT
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process (output to ``log_path``) run from source tree ``tree``, stopped with
+    SIGTERM on exit, error or not."""
+    env = dict(os.environ, PYTHONPATH=str(tree)) if tree != ROOT else None
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
-        )
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
+            env=env,
+        )  # fmt: skip
         try:
             yield proc
         finally:
@@ -259,16 +265,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def ps_shard(workdir: Path) -> Iterator[str]:
-    """One PS shard started with the real CLI; yields its address."""
-    port_file = workdir / "ps.port"
-    log_path = workdir / "ps.log"
+def ps_shard(workdir: Path, tree: Path = ROOT, name: str = "ps") -> Iterator[str]:
+    """One PS shard started with the real CLI from source tree ``tree``; yields its address."""
+    port_file = workdir / f"{name}.port"
+    log_path = workdir / f"{name}.log"
     command = [
         sys.executable, "-m", "launcher", "ps",
         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
         "--num-shards", "1", "--shard-index", "0",
     ]  # fmt: skip
-    with running(command, log_path) as proc:
+    with running(command, log_path, tree) as proc:
         port = wait_for_port_file(port_file, proc, log_path)
         yield f"127.0.0.1:{port}"
 
@@ -640,6 +646,12 @@ def bench_network(settings: Settings, workdir: Path, results: Results) -> None:
         if skip_redis is None:
             redis = stack.enter_context(redis_server(workdir))
             calls["redis"] = redis_pull_call(redis, key_sets)
+        if settings.compare_tree is not None:  # the same pull served by another version
+            other = stack.enter_context(ps_shard(workdir, settings.compare_tree, "compare"))
+            compared = stack.enter_context(PSClient([other]))
+            compared.wait_ready()
+            create_populated_table(compared, keys)
+            calls["compare_tree"] = ours_pull_call(compared, key_sets)
         pulls = measure_alternating(calls, settings.pull_rounds, settings.warmup_calls)
         push = measure(push_commit_call(client, key_sets[0]), settings)
     results.measurements["pull_seconds"] = pulls
@@ -656,12 +668,17 @@ def bench_network(settings: Settings, workdir: Path, results: Results) -> None:
 def pull_spread(pulls: dict[str, list[float]]) -> list[str]:
     """Lines giving each system's call times and the per-round ratio to raw gRPC."""
     lines = [f"- {name}: {spread(seconds)}" for name, seconds in pulls.items()]
-    per_round = [r / o for r, o in zip(pulls["raw_grpc"], pulls["heraldps"], strict=True)]
-    lines.append(
-        f"- heraldps/raw gRPC per round: median {median(per_round):.2f}, quartiles "
-        f"{np.percentile(per_round, 25):.2f}..{np.percentile(per_round, 75):.2f}, "
-        f"range {min(per_round):.2f}..{max(per_round):.2f}"
-    )
+    for name in ("heraldps", "compare_tree"):
+        if name not in pulls:
+            continue
+        per_round = [r / o for r, o in zip(pulls["raw_grpc"], pulls[name], strict=True)]
+        ratio = median(pulls["raw_grpc"]) / median(pulls[name])
+        lines.append(
+            f"- {name}/raw gRPC: ratio of medians {ratio:.2f}; "
+            f"per round: median {median(per_round):.2f}, quartiles "
+            f"{np.percentile(per_round, 25):.2f}..{np.percentile(per_round, 75):.2f}, "
+            f"range {min(per_round):.2f}..{max(per_round):.2f}"
+        )
     return lines
 
 
@@ -793,17 +810,23 @@ def write_json(results: Results, path: Path) -> None:
 def settings_from(args: argparse.Namespace) -> Settings:
     if args.quick:
         return Settings(args.rounds or 3, 0.3, 2, MEMORY_ROWS, args.pull_rounds or 8,
-                        args.table_rows or 200_000)  # fmt: skip
+                        args.table_rows or 200_000, args.compare_tree)  # fmt: skip
     return Settings(
         args.rounds or 10, 1.5, 3, MEMORY_ROWS, args.pull_rounds or PULL_ROUNDS,
-        args.table_rows or TABLE_ROWS,
+        args.table_rows or TABLE_ROWS, args.compare_tree,
     )  # fmt: skip
 
 
 def run(settings: Settings, output: Path, pull_only: bool = False) -> Results:
     results = Results(
         machine=machine_info(),
-        settings={**asdict(settings), "batch": BATCH, "dim": DIM, "index_keys": INDEX_KEYS},
+        settings={
+            **asdict(settings),
+            "compare_tree": str(settings.compare_tree or ""),
+            "batch": BATCH,
+            "dim": DIM,
+            "index_keys": INDEX_KEYS,
+        },
     )
     if not pull_only:
         print("KeyIndex.lookup ...", file=sys.stderr)
@@ -837,6 +860,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         help=f"rows in the pulled table (default {TABLE_ROWS:,}; 200,000 with --quick)",
+    )
+    parser.add_argument(
+        "--compare-tree",
+        type=Path,
+        default=None,
+        help="also pull from a shard run from this source tree (e.g. an older commit: "
+        "git archive <commit> | tar -x -C DIR), in the same alternation",
     )
     parser.add_argument(
         "--pull-only",

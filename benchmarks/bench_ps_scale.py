@@ -9,16 +9,17 @@ of free memory for a Staged shard: 9 GB at 50M rows)::
     python benchmarks/bench_ps_scale.py --expected-rows          # tables sized up front
 
 For each size N, a fresh shard is started with the real CLI (``python -m
-launcher ps``) in its own process, with one table of dim 16 and AdaGrad. The
+launcher ps``) in its own process, with one table (``--dim``, default 16;
+``--optimizer``, default AdaGrad) after a tiny warm-up table. The
 client creates N rows (Staged: pulls of 524,288 new keys; Cached: push and
 commit of them, so every row is in LMDB), then, with every row present:
 
 - resident bytes per row: the shard's RSS after filling minus before, over N,
-  against the ideal 144 bytes (values 64 + AdaGrad state 64 + version 8 +
-  key 8); its peak RSS (``VmHWM``) the same way shows what growing cost;
+  against the ideal (dim 16 AdaGrad: 144 bytes = values 64 + state 64 +
+  version 8 + key 8); its peak RSS (``VmHWM``) the same way shows what growing cost;
 - pull: 65,536 distinct keys drawn at random from all N rows, through
   ``PSClient``, alternating call by call with a raw gRPC echo of the same
-  bytes (a prebuilt answer of 65,536 x (16 x 4 + 8) bytes, as in
+  bytes (a prebuilt answer of 65,536 x (dim x 4 + 8) bytes, as in
   ``bench_ps.py``): median rows/s of each and their ratio;
 - commit: push of 65,536 random present keys' gradients to iteration t, then
   commit(t): median rows/s;
@@ -69,11 +70,8 @@ from bench_ps import (  # noqa: E402  (after the path: run as a script)
 )
 
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "results" / "bench_ps_scale.json"
-DIM = 16
 BATCH = 65_536
 FILL_BATCH = 524_288
-IDEAL_ROW_BYTES = 4 * DIM + 4 * DIM + 8 + 8  # values, AdaGrad state, version, key
-RESPONSE_BYTES = BATCH * (4 * DIM + 8)
 TABLE = "scale"
 ECHO_METHOD = "/heraldps.bench.Echo/Pull"
 MAX_MESSAGE_MB = 64
@@ -127,12 +125,12 @@ def shard(workdir: Path, store: str, expected_rows: int) -> Iterator[tuple[str, 
         yield f"127.0.0.1:{wait_for_port_file(port_file, proc, log)}", proc.pid
 
 
-def serve_echo(port_file: Path) -> int:
+def serve_echo(port_file: Path, dim: int) -> int:
     """Answer every call with one prebuilt payload the size of the pull's answer."""
     tune_malloc()
     from heraldps.serving import channel_options
 
-    payload = np.random.default_rng(0).bytes(RESPONSE_BYTES)
+    payload = np.random.default_rng(0).bytes(response_bytes(dim))
     handler = grpc.method_handlers_generic_handler(
         "heraldps.bench.Echo",
         {"Pull": grpc.unary_unary_rpc_method_handler(lambda request, context: payload)},
@@ -157,10 +155,12 @@ def serve_echo(port_file: Path) -> int:
 
 
 @contextlib.contextmanager
-def echo_server(workdir: Path) -> Iterator[str]:
+def echo_server(workdir: Path, dim: int) -> Iterator[str]:
     port_file = workdir / "echo.port"
+    port_file.unlink(missing_ok=True)
     log = workdir / "echo.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "--serve-echo", str(port_file)]
+    here = str(Path(__file__).resolve())
+    command = [sys.executable, here, "--serve-echo", str(port_file), "--dim", str(dim)]
     with running(command, log) as proc:
         yield f"127.0.0.1:{wait_for_port_file(port_file, proc, log)}"
 
@@ -172,6 +172,8 @@ def echo_server(workdir: Path) -> Iterator[str]:
 class SizeResult:
     rows: int
     store: str
+    dim: int
+    optimizer: str
     expected_rows: int
     fill_seconds: float
     rss_before: int
@@ -187,6 +189,10 @@ class SizeResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def ideal(self) -> int:
+        return ideal_row_bytes(self.dim, self.optimizer)
+
+    @property
     def pull_rows_per_s(self) -> float:
         return BATCH / statistics.median(self.pull_seconds)
 
@@ -199,21 +205,40 @@ class SizeResult:
         return BATCH / statistics.median(self.commit_seconds)
 
 
-def fill(client: Any, rows: int, store: str) -> float:
-    """Create rows ``0..rows-1``; returns seconds. Cached: commit them, so LMDB holds them."""
-    from heraldps.optim import AdaGrad
+def ideal_row_bytes(dim: int, optimizer: str) -> int:
+    """Values, optimizer state (AdaGrad: one accumulator per value), version, key."""
+    return 4 * dim * (2 if optimizer == "adagrad" else 1) + 8 + 8
 
-    client.create_table(TABLE, DIM, AdaGrad(lr=0.01))
+
+def response_bytes(dim: int) -> int:
+    """A pull's answer: values and versions of ``BATCH`` rows."""
+    return BATCH * (4 * dim + 8)
+
+
+def warm_up(client: Any, optimizer: Any, dim: int) -> None:
+    """Load the shard's compiled kernels with a tiny table before the baseline RSS."""
+    client.create_table("warmup", dim, optimizer)
+    keys = np.arange(4096, dtype=np.int64)
+    client.pull("warmup", keys)
+    client.push_gradients("warmup", keys, np.ones((4096, dim), np.float32), iteration=0)
+    client.commit(0)
+    client.pull("warmup", keys)
+
+
+def fill(client: Any, rows: int, store: str, dim: int, optimizer: Any) -> float:
+    """Create rows ``0..rows-1``; returns seconds. Cached: commit them, so LMDB holds them."""
+    client.create_table(TABLE, dim, optimizer)
     started = time.perf_counter()
     batch = FILL_BATCH if store == "staged" else FILL_BATCH // 2
-    grads = np.full((batch, DIM), 1e-3, dtype=np.float32)
+    grads = np.full((batch, dim), 1e-3, dtype=np.float32)
+    first = client.committed_iteration() + 1
     for it, start in enumerate(range(0, rows, batch)):
         keys = keys_of(np.arange(start, min(start + batch, rows), dtype=np.int64))
         if store == "staged":
             client.pull(TABLE, keys)
         else:
-            client.push_gradients(TABLE, keys, grads[: keys.shape[0]], iteration=it)
-            client.commit(it)
+            client.push_gradients(TABLE, keys, grads[: keys.shape[0]], iteration=first + it)
+            client.commit(first + it)
         if start and start % (10 * batch) == 0:
             print(f"  {start:,} rows ({time.perf_counter() - started:.0f}s)", file=sys.stderr)
     seconds = time.perf_counter() - started
@@ -224,21 +249,25 @@ def fill(client: Any, rows: int, store: str) -> float:
 
 
 def measure_size(
-    rows: int, store: str, expected_rows: int, rounds: int, workdir: Path
+    rows: int, args: argparse.Namespace, expected_rows: int, workdir: Path
 ) -> SizeResult:
     from heraldps.client import PSClient
+    from heraldps.optim import SGD, AdaGrad
     from heraldps.serving import channel_options
 
+    store, rounds, dim = args.store, args.rounds, args.dim
+    optimizer = AdaGrad(lr=0.01) if args.optimizer == "adagrad" else SGD(lr=0.01)
     rng = np.random.default_rng(rows)
     with contextlib.ExitStack() as stack:
         address, pid = stack.enter_context(shard(workdir, store, expected_rows))
-        echo = stack.enter_context(echo_server(workdir))
+        echo = stack.enter_context(echo_server(workdir, dim))
         client = stack.enter_context(PSClient([address], max_message_mb=MAX_MESSAGE_MB))
         client.wait_ready()
-        time.sleep(0.5)
+        warm_up(client, optimizer, dim)
+        time.sleep(3)  # the shard trims freed call buffers once calls stop (heraldps.malloc)
         before, _ = rss(pid)
-        seconds = fill(client, rows, store)
-        time.sleep(1.5)  # the shard trims freed call buffers once calls stop (heraldps.malloc)
+        seconds = fill(client, rows, store, dim, optimizer)
+        time.sleep(3)
         after, peak = rss(pid)
         accounted = client.describe_table(TABLE).bytes
         channel = stack.enter_context(
@@ -252,14 +281,14 @@ def measure_size(
         def pull() -> None:
             turn[0] += 1
             values, _ = client.pull(TABLE, key_sets[turn[0] % 8])
-            assert values.shape == (BATCH, DIM)
+            assert values.shape == (BATCH, dim)
 
         def echo_pull() -> None:
             answer = echo_call(requests[turn[0] % 8], timeout=60)
-            assert len(answer) == RESPONSE_BYTES
+            assert len(answer) == response_bytes(dim)
 
         timed = measure_alternating({"pull": pull, "echo": echo_pull}, rounds, warmup=3)
-        grads = rng.standard_normal((BATCH, DIM), dtype=np.float32) * 1e-3
+        grads = rng.standard_normal((BATCH, dim), dtype=np.float32) * 1e-3
         base = client.committed_iteration() + 1
         commits = []
         for r in range(rounds + 2):
@@ -272,7 +301,7 @@ def measure_size(
         if store == "cached":
             disk = sum(f.stat().st_size for f in (workdir / "lmdb").rglob("*") if f.is_file())
     return SizeResult(
-        rows, store, expected_rows, seconds, before, after, peak,
+        rows, store, dim, args.optimizer, expected_rows, seconds, before, after, peak,
         (after - before) / rows, (peak - before) / rows, accounted / rows,
         timed["pull"], timed["echo"], commits[2:], disk,
     )  # fmt: skip
@@ -284,7 +313,7 @@ def measure_size(
 def markdown(results: list[SizeResult], load: str) -> str:
     first = results[0]
     lines = [
-        "| rows | store | RSS bytes/row (peak) | vs ideal 144 | pull rows/s | vs "
+        f"| rows | store | RSS bytes/row (peak) | vs ideal {first.ideal} | pull rows/s | vs "
         f"{first.rows:,} | echo rows/s | pull/echo | commit rows/s | vs {first.rows:,} "
         "| fill s | disk bytes/row |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -294,7 +323,7 @@ def markdown(results: list[SizeResult], load: str) -> str:
         lines.append(
             f"| {r.rows:,} | {r.store}{' sized' if r.expected_rows else ''} "
             f"| {r.bytes_per_row:.0f} ({r.peak_bytes_per_row:.0f}) "
-            f"| {r.bytes_per_row / IDEAL_ROW_BYTES:.2f} "
+            f"| {r.bytes_per_row / r.ideal:.2f} "
             f"| {r.pull_rows_per_s / 1e6:.2f}M | {r.pull_rows_per_s / first.pull_rows_per_s:.2f} "
             f"| {r.echo_rows_per_s / 1e6:.2f}M "
             f"| {statistics.median(r.echo_seconds) / statistics.median(r.pull_seconds):.2f} "
@@ -308,7 +337,12 @@ def markdown(results: list[SizeResult], load: str) -> str:
             f"- {r.rows:,} rows: pull {spread(r.pull_seconds)}; echo {spread(r.echo_seconds)}; "
             f"push + commit {spread(r.commit_seconds)}"
         ]
-    lines += ["", f"Machine: {cpu_model()}, {os.cpu_count()} CPUs; load before the run: {load}."]
+    lines += [
+        "",
+        f"Table: dim {first.dim}, {first.optimizer}; ideal row {first.ideal} bytes (values, "
+        "state, version 8, key 8). Peak: the shard's VmHWM while filling.",
+        f"Machine: {cpu_model()}, {os.cpu_count()} CPUs; load before the run: {load}.",
+    ]
     return "\n".join(lines)
 
 
@@ -324,6 +358,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="start each shard with --expected-rows N (sized up front, no growth)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=24, help="timed rounds (default 24)")
+    parser.add_argument("--dim", type=int, default=16, help="row width (default 16)")
+    parser.add_argument(
+        "--optimizer", choices=("adagrad", "sgd"), default="adagrad",
+        help="adagrad (a state row as wide as the value; default) or sgd (no state)",
+    )  # fmt: skip
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON result file")
     parser.add_argument("--serve-echo", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -335,7 +374,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve_echo is not None:
-        return serve_echo(args.serve_echo)
+        return serve_echo(args.serve_echo, args.dim)
     tune_malloc()
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     load = Path("/proc/loadavg").read_text().split()[:3]
@@ -344,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         for rows in args.rows:
             print(f"{args.store} shard, {rows:,} rows ...", file=sys.stderr)
             expected = rows if args.expected_rows else 0
-            results.append(measure_size(rows, args.store, expected, args.rounds, Path(workdir)))
+            results.append(measure_size(rows, args, expected, Path(workdir)))
     text = markdown(results, " ".join(load))
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -109,3 +109,95 @@ def gather_pull(
         for j in range(width):
             out_state[i, j] = state[r, j]
         out_versions[i] = versions[r]
+
+
+@njit(nogil=True)
+def gather_table_rows(
+    values: npt.NDArray[np.float32],
+    state: npt.NDArray[np.float32],
+    versions: npt.NDArray[np.int64],
+    changed: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    out_values: npt.NDArray[np.float32],
+    out_state: npt.NDArray[np.float32],
+    out_versions: npt.NDArray[np.int64],
+    out_changed: npt.NDArray[np.int64],
+) -> None:  # pragma: no cover - compiled
+    """Every column of rows ``rows[i]`` into entry ``i`` of the outputs, one prefetching
+    pass (a commit's working copies); entries whose row is < 0 are left as they are."""
+    n = rows.shape[0]
+    dim = values.shape[1]
+    width = state.shape[1]
+    flat_values = values.reshape(-1)
+    flat_state = state.reshape(-1)
+    for i in range(n):
+        if i + GATHER_PREFETCH < n:
+            ahead = rows[i + GATHER_PREFETCH]
+            if ahead >= 0:
+                for k in range(0, dim, 16):
+                    prefetch(flat_values, ahead * dim + k)
+                for k in range(0, width, 16):
+                    prefetch(flat_state, ahead * width + k)
+                prefetch(versions, ahead)
+                prefetch(changed, ahead)
+        r = rows[i]
+        if r < 0:
+            continue
+        for j in range(dim):
+            out_values[i, j] = values[r, j]
+        for j in range(width):
+            out_state[i, j] = state[r, j]
+        out_versions[i] = versions[r]
+        out_changed[i] = changed[r]
+
+
+@njit(nogil=True)
+def scatter_table_rows(
+    values: npt.NDArray[np.float32],
+    state: npt.NDArray[np.float32],
+    versions: npt.NDArray[np.int64],
+    changed: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    src_values: npt.NDArray[np.float32],
+    src_state: npt.NDArray[np.float32],
+    src_versions: npt.NDArray[np.int64],
+    src_changed: npt.NDArray[np.int64],
+) -> None:  # pragma: no cover - compiled
+    """Entry ``i`` of the sources into every column of row ``rows[i]`` (distinct rows),
+    one prefetching pass: a commit storing what it computed."""
+    n = rows.shape[0]
+    dim = values.shape[1]
+    width = state.shape[1]
+    flat_values = values.reshape(-1)
+    flat_state = state.reshape(-1)
+    for i in range(n):
+        if i + GATHER_PREFETCH < n:
+            ahead = rows[i + GATHER_PREFETCH]
+            for k in range(0, dim, 16):
+                prefetch(flat_values, ahead * dim + k)
+            for k in range(0, width, 16):
+                prefetch(flat_state, ahead * width + k)
+            prefetch(versions, ahead)
+            prefetch(changed, ahead)
+        r = rows[i]
+        for j in range(dim):
+            values[r, j] = src_values[i, j]
+        for j in range(width):
+            state[r, j] = src_state[i, j]
+        versions[r] = src_versions[i]
+        changed[r] = src_changed[i]
+
+
+@njit(nogil=True)
+def first_non_finite(
+    values: npt.NDArray[np.float32], state: npt.NDArray[np.float32]
+) -> int:  # pragma: no cover - compiled
+    """The first row with a NaN or Inf in ``values`` or ``state``; -1 if none."""
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if not np.isfinite(values[i, j]):
+                return i
+        for j in range(state.shape[1]):
+            if not np.isfinite(state[i, j]):
+                return i
+    return -1

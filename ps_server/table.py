@@ -35,7 +35,12 @@ from ps_server.checks import (
     check_write_back,
 )
 from ps_server.grad_buffer import GradBuffer
-from ps_server.kernels import gather_pull, gather_rows, scatter_add_rows
+from ps_server.kernels import (
+    gather_pull,
+    gather_table_rows,
+    scatter_add_rows,
+    scatter_table_rows,
+)
 from ps_server.memory import MemoryBudget
 from ps_server.row_arrays import RowArray
 from ps_server.row_index import RowIndex
@@ -394,24 +399,17 @@ class StagedTable:
             np.zeros(n, np.int64),
             np.full(n, NEVER_CHANGED, np.int64),
         )
-        if known.all():
-            work.values = gather_rows(self._values, rows)
-            work.state = gather_rows(self._state, rows)
-        else:
-            old, new = np.flatnonzero(known), np.flatnonzero(~known)
-            work.values[old] = gather_rows(self._values, rows[old])
-            work.state[old] = gather_rows(self._state, rows[old])
+        gather_table_rows(self._values, self._state, self._versions, self._changed, rows,
+                          work.values, work.state, work.versions, work.changed)  # fmt: skip
+        if not known.all():
+            new = np.flatnonzero(~known)
             work.values[new] = self.spec.initializer.generate(keys[new], self.dim)
             work.state[new] = self.spec.optimizer.init_state(new.shape[0], self.dim)
-        work.versions[known] = self._versions[rows[known]]
-        work.changed[known] = self._changed[rows[known]]
         return work
 
     def _store(self, rows: npt.NDArray[np.int64], work: WorkingRows) -> None:
-        self._values[rows] = work.values
-        self._state[rows] = work.state
-        self._versions[rows] = work.versions
-        self._changed[rows] = work.changed
+        scatter_table_rows(self._values, self._state, self._versions, self._changed, rows,
+                           work.values, work.state, work.versions, work.changed)  # fmt: skip
 
     def write_back(
         self,
