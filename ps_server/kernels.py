@@ -76,116 +76,83 @@ def copy_clocks(
 GATHER_PREFETCH = 8
 
 
+@njit(nogil=True, inline="always")
+def _prefetch_record(
+    flat: npt.NDArray[np.int64], start: np.int64, used: int
+) -> None:  # pragma: no cover
+    """The cache lines of words ``start..start+used-1`` of ``flat`` (a record of a table's
+    records, flattened once by the caller: a reshape per row costs reference-count
+    atomics). Only those lines: prefetching lines a pass does not read costs bandwidth."""
+    for k in range(0, used, 8):  # 8 int64: one 64-byte line
+        prefetch(flat, start + k)
+    prefetch(flat, start + used - 1)
+
+
 @njit(nogil=True)
 def gather_pull(
-    values: npt.NDArray[np.float32],
-    state: npt.NDArray[np.float32],
-    versions: npt.NDArray[np.int64],
+    records: npt.NDArray[np.int64],
+    floats: npt.NDArray[np.float32],
     rows: npt.NDArray[np.int64],
     out_values: npt.NDArray[np.float32],
     out_state: npt.NDArray[np.float32],
     out_versions: npt.NDArray[np.int64],
 ) -> None:  # pragma: no cover - compiled
-    """``out_values[i] = values[rows[i]]``, the same for versions and (when ``out_state``
-    has columns) state: one pass over the rows, each row's lines prefetched
-    ``GATHER_PREFETCH`` rows ahead. The outputs may be unaligned views (a message)."""
+    """A pull's rows out of a table's records (``ps_server.table``: words 0 and 1 the
+    version and change mark, then the values, then the state; ``floats`` is ``records``
+    seen as float32): ``out_values[i]``, ``out_versions[i]`` and, when ``out_state`` has
+    columns, ``out_state[i]`` from record ``rows[i]``. One pass, each record's lines
+    prefetched ``GATHER_PREFETCH`` rows ahead; the outputs may be unaligned views (a
+    message)."""
     n = rows.shape[0]
-    dim = values.shape[1]
+    dim = out_values.shape[1]
     width = out_state.shape[1]
-    stride = state.shape[1]
-    flat_values = values.reshape(-1)
-    flat_state = state.reshape(-1)
+    used = 2 + (dim + width + 1) // 2  # version, change mark, values, state if asked
+    words = records.shape[1]
+    flat = records.reshape(-1)
     for i in range(n):
         if i + GATHER_PREFETCH < n:
-            ahead = rows[i + GATHER_PREFETCH]
-            for k in range(0, dim, 16):  # 16 float32: one 64-byte line
-                prefetch(flat_values, ahead * dim + k)
-            for k in range(0, width, 16):
-                prefetch(flat_state, ahead * stride + k)
-            prefetch(versions, ahead)
+            _prefetch_record(flat, rows[i + GATHER_PREFETCH] * words, used)
         r = rows[i]
         for j in range(dim):
-            out_values[i, j] = values[r, j]
+            out_values[i, j] = floats[r, 4 + j]
         for j in range(width):
-            out_state[i, j] = state[r, j]
-        out_versions[i] = versions[r]
+            out_state[i, j] = floats[r, 4 + dim + j]
+        out_versions[i] = records[r, 0]
 
 
 @njit(nogil=True)
-def gather_table_rows(
-    values: npt.NDArray[np.float32],
-    state: npt.NDArray[np.float32],
-    versions: npt.NDArray[np.int64],
-    changed: npt.NDArray[np.int64],
-    rows: npt.NDArray[np.int64],
-    out_values: npt.NDArray[np.float32],
-    out_state: npt.NDArray[np.float32],
-    out_versions: npt.NDArray[np.int64],
-    out_changed: npt.NDArray[np.int64],
+def gather_records(
+    records: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], out: npt.NDArray[np.int64]
 ) -> None:  # pragma: no cover - compiled
-    """Every column of rows ``rows[i]`` into entry ``i`` of the outputs, one prefetching
-    pass (a commit's working copies); entries whose row is < 0 are left as they are."""
+    """``out[i] = records[rows[i]]``, whole records, prefetched ahead; entries whose row
+    is < 0 are left as they are (a commit's working copies)."""
     n = rows.shape[0]
-    dim = values.shape[1]
-    width = state.shape[1]
-    flat_values = values.reshape(-1)
-    flat_state = state.reshape(-1)
+    words = records.shape[1]
+    flat = records.reshape(-1)
     for i in range(n):
-        if i + GATHER_PREFETCH < n:
-            ahead = rows[i + GATHER_PREFETCH]
-            if ahead >= 0:
-                for k in range(0, dim, 16):
-                    prefetch(flat_values, ahead * dim + k)
-                for k in range(0, width, 16):
-                    prefetch(flat_state, ahead * width + k)
-                prefetch(versions, ahead)
-                prefetch(changed, ahead)
+        if i + GATHER_PREFETCH < n and rows[i + GATHER_PREFETCH] >= 0:
+            _prefetch_record(flat, rows[i + GATHER_PREFETCH] * words, words)
         r = rows[i]
-        if r < 0:
-            continue
-        for j in range(dim):
-            out_values[i, j] = values[r, j]
-        for j in range(width):
-            out_state[i, j] = state[r, j]
-        out_versions[i] = versions[r]
-        out_changed[i] = changed[r]
+        if r >= 0:
+            for j in range(words):
+                out[i, j] = records[r, j]
 
 
 @njit(nogil=True)
-def scatter_table_rows(
-    values: npt.NDArray[np.float32],
-    state: npt.NDArray[np.float32],
-    versions: npt.NDArray[np.int64],
-    changed: npt.NDArray[np.int64],
-    rows: npt.NDArray[np.int64],
-    src_values: npt.NDArray[np.float32],
-    src_state: npt.NDArray[np.float32],
-    src_versions: npt.NDArray[np.int64],
-    src_changed: npt.NDArray[np.int64],
+def scatter_records(
+    records: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], src: npt.NDArray[np.int64]
 ) -> None:  # pragma: no cover - compiled
-    """Entry ``i`` of the sources into every column of row ``rows[i]`` (distinct rows),
-    one prefetching pass: a commit storing what it computed."""
+    """``records[rows[i]] = src[i]``, whole records, prefetched ahead (a commit storing
+    what it computed; distinct rows)."""
     n = rows.shape[0]
-    dim = values.shape[1]
-    width = state.shape[1]
-    flat_values = values.reshape(-1)
-    flat_state = state.reshape(-1)
+    words = records.shape[1]
+    flat = records.reshape(-1)
     for i in range(n):
         if i + GATHER_PREFETCH < n:
-            ahead = rows[i + GATHER_PREFETCH]
-            for k in range(0, dim, 16):
-                prefetch(flat_values, ahead * dim + k)
-            for k in range(0, width, 16):
-                prefetch(flat_state, ahead * width + k)
-            prefetch(versions, ahead)
-            prefetch(changed, ahead)
+            _prefetch_record(flat, rows[i + GATHER_PREFETCH] * words, words)
         r = rows[i]
-        for j in range(dim):
-            values[r, j] = src_values[i, j]
-        for j in range(width):
-            state[r, j] = src_state[i, j]
-        versions[r] = src_versions[i]
-        changed[r] = src_changed[i]
+        for j in range(words):
+            records[r, j] = src[i, j]
 
 
 @njit(nogil=True)

@@ -35,12 +35,7 @@ from ps_server.checks import (
     check_write_back,
 )
 from ps_server.grad_buffer import GradBuffer
-from ps_server.kernels import (
-    gather_pull,
-    gather_table_rows,
-    scatter_add_rows,
-    scatter_table_rows,
-)
+from ps_server.kernels import gather_pull, gather_records, scatter_add_rows, scatter_records
 from ps_server.memory import MemoryBudget
 from ps_server.row_arrays import RowArray
 from ps_server.row_index import RowIndex
@@ -101,6 +96,7 @@ class WorkingRows:
     changed: npt.NDArray[np.int64]
     its: list[int] = field(default_factory=list)  # the iterations a commit applies
     updates: int = 0  # gradient rows a commit applies
+    records: npt.NDArray[np.int64] | None = None  # the block the four arrays are views of
 
     def apply(
         self,
@@ -147,32 +143,50 @@ class StagedTable:
         self._charged = 0
         self._pending_row_reserve = 0
         self._index = RowIndex(expected_rows)
-        self._columns = (
-            RowArray((self.dim,), np.float32, expected_rows),
-            RowArray((self.state_width,), np.float32, expected_rows),
-            RowArray((), np.int64, expected_rows),
-            RowArray((), np.int64, expected_rows),
-        )
+        # One record per row: version, change mark, values, state (padded to 8 bytes).
+        self._words = 2 + (self.dim + self.state_width + 1) // 2
+        self._records = RowArray((self._words,), np.int64, expected_rows)
         self._buffers: dict[int, GradBuffer] = {}
         self._account(self._exact_bytes(), "creating the table")
 
-    # The arrays live in their RowArrays only, so a grow can extend them in place:
-    # never keep one of these in a variable across a call that may create rows.
+    # Each row is one record (array of structs): a pull or a commit touches one place
+    # per row, not one per column, which at 50M rows is 2-3x fewer cache and TLB misses
+    # (docs/figures.md, "The PS at 50M rows"). The columns below are strided views of
+    # the records, made on each use: the records live in their RowArray only, so a grow
+    # can extend the mapping in place. Never keep a view across a call that creates rows.
+    def _columns(
+        self, records: npt.NDArray[np.int64]
+    ) -> tuple[
+        npt.NDArray[np.float32],
+        npt.NDArray[np.float32],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+    ]:
+        """Views of a ``[n, words]`` block of records: values, state, versions, changes."""
+        floats = records.view(np.float32)
+        state = 4 + self.dim
+        return (
+            floats[:, 4:state],
+            floats[:, state : state + self.state_width],
+            records[:, 0],
+            records[:, 1],
+        )
+
     @property
     def _values(self) -> npt.NDArray[np.float32]:
-        return self._columns[0].array
+        return self._columns(self._records.array)[0]
 
     @property
     def _state(self) -> npt.NDArray[np.float32]:
-        return self._columns[1].array
+        return self._columns(self._records.array)[1]
 
     @property
     def _versions(self) -> npt.NDArray[np.int64]:
-        return self._columns[2].array
+        return self._records.array[:, 0]
 
     @property
     def _changed(self) -> npt.NDArray[np.int64]:
-        return self._columns[3].array
+        return self._records.array[:, 1]
 
     # ----- sizes and memory -------------------------------------------------
     @property
@@ -183,13 +197,13 @@ class StagedTable:
     def capacity(self) -> int:
         """Rows the arrays have room for (reserved address space; untouched pages cost
         no memory)."""
-        return self._columns[0].capacity
+        return self._records.capacity
 
     @property
     def row_bytes(self) -> int:
-        """Bytes per row in the arrays: version, change mark (int64 each), values and
-        state (the key lives in the index)."""
-        return 16 + 4 * (self.dim + self.state_width)
+        """Bytes per row record: version, change mark (int64 each), values and state,
+        padded to 8 bytes (the key lives in the index)."""
+        return 8 * self._words
 
     @property
     def nbytes(self) -> int:
@@ -241,8 +255,7 @@ class StagedTable:
         new = self.rows
         if new > self.capacity:
             capacity = max(new, 2 * self.capacity, 1024)
-            for column in self._columns:
-                column.grow(capacity)
+            self._records.grow(capacity)
         if fill:
             self._values[old:new] = self.spec.initializer.generate(new_keys, self.dim)
             self._state[old:new] = self.spec.optimizer.init_state(new - old, self.dim)
@@ -293,7 +306,8 @@ class StagedTable:
         """The rows of ``keys`` (created if unseen) gathered into the outputs; caller
         holds the lock."""
         rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
-        gather_pull(self._values, self._state, self._versions, rows, values, state, versions)
+        records = self._records.array
+        gather_pull(records, records.view(np.float32), rows, values, state, versions)
         return rows
 
     def known(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
@@ -387,29 +401,29 @@ class StagedTable:
         return updated
 
     def _working_rows(self, keys: npt.NDArray[np.int64]) -> WorkingRows:
-        """Copies of the rows of distinct ``keys``; absent ones as they would be created."""
+        """Copies of the rows of distinct ``keys``; absent ones as they would be created.
+        Whole records, copied in one pass: the four arrays are views of one block."""
         rows = self._index.lookup(keys)
-        known = rows >= 0
-        n = keys.shape[0]
-        work = WorkingRows(
-            rows,
-            keys,
-            np.empty((n, self.dim), np.float32),
-            np.empty((n, self.state_width), np.float32),
-            np.zeros(n, np.int64),
-            np.full(n, NEVER_CHANGED, np.int64),
-        )
-        gather_table_rows(self._values, self._state, self._versions, self._changed, rows,
-                          work.values, work.state, work.versions, work.changed)  # fmt: skip
-        if not known.all():
-            new = np.flatnonzero(~known)
+        block = np.empty((keys.shape[0], self._words), dtype=np.int64)
+        block[:, 0] = 0
+        block[:, 1] = NEVER_CHANGED
+        gather_records(self._records.array, rows, block)
+        work = WorkingRows(rows, keys, *self._columns(block), records=block)
+        absent = rows < 0
+        if absent.any():
+            new = np.flatnonzero(absent)
             work.values[new] = self.spec.initializer.generate(keys[new], self.dim)
             work.state[new] = self.spec.optimizer.init_state(new.shape[0], self.dim)
         return work
 
     def _store(self, rows: npt.NDArray[np.int64], work: WorkingRows) -> None:
-        scatter_table_rows(self._values, self._state, self._versions, self._changed, rows,
-                           work.values, work.state, work.versions, work.changed)  # fmt: skip
+        if work.records is not None:
+            scatter_records(self._records.array, rows, work.records)
+            return
+        self._values[rows] = work.values
+        self._state[rows] = work.state
+        self._versions[rows] = work.versions
+        self._changed[rows] = work.changed
 
     def write_back(
         self,

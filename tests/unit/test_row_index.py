@@ -79,11 +79,11 @@ def test_table_grows_without_copies_and_exports_keys() -> None:
     for part in np.array_split(keys, 7):
         table.pull(part, with_state=False)
     assert table.rows == 50_000 and table.capacity >= 50_000
-    assert all(c.grows_by_copy == 0 for c in table._columns)
+    assert table._records.grows_by_copy == 0
     exported = table.export(-1)
     assert np.array_equal(exported.keys, keys)
     assert np.array_equal(exported.values, table.pull(keys, False).values)
     sized = StagedTable(spec, MemoryBudget(), -1, expected_rows=50_000)
     sized.pull(keys, with_state=True)
     assert sized.capacity == 50_000 and sized._index.capacity == capacity_for(50_000)
-    assert all(c.grows_in_place == c.grows_by_copy == 0 for c in sized._columns[:2])
+    assert sized._records.grows_in_place == sized._records.grows_by_copy == 0
