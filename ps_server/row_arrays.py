@@ -39,7 +39,7 @@ class RowArray:
     def __init__(self, row_shape: tuple[int, ...], dtype: Any, capacity: int = 0) -> None:
         self.row_shape = row_shape
         self.dtype = np.dtype(dtype)
-        self.row_bytes = int(np.prod(row_shape, dtype=np.int64)) * self.dtype.itemsize
+        self.row_bytes: int = int(np.prod(row_shape, dtype=np.int64)) * self.dtype.itemsize
         self._mapping: mmap.mmap | None = None
         self.array = np.empty((0, *row_shape), dtype=self.dtype)
         self.grows_in_place = 0  # how often a grow moved no bytes (tests and benchmarks)
@@ -52,7 +52,8 @@ class RowArray:
         return int(self.array.shape[0])
 
     def _map_bytes(self, capacity: int) -> int:
-        return max(_PAGE, -(-capacity * self.row_bytes // _PAGE) * _PAGE)
+        pages = -(-capacity * self.row_bytes // _PAGE)
+        return int(max(1, pages)) * _PAGE
 
     def _view(self, capacity: int) -> np.ndarray:
         assert self._mapping is not None

@@ -50,9 +50,9 @@ def _probe(
     capacity = slots.shape[0]
     s = start
     while slots[s, 1] >= 0 and slots[s, 0] != key:
-        s += 1
+        s += np.int64(1)
         if s == capacity:
-            s = 0
+            s = np.int64(0)
     return s
 
 
