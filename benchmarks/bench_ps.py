@@ -570,7 +570,7 @@ def memory_probe(rows: int) -> dict[str, Any]:
         "bytes_per_row": (after - before) / rows,
         "live_bytes_per_row": (after_trim - before) / rows,
         "accounted_bytes_per_row": table.nbytes / rows,
-        "row_capacity": int(table._keys.shape[0]),
+        "row_capacity": table.capacity,
     }
 
 
