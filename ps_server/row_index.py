@@ -6,7 +6,8 @@ and worker caches) keeps a power-of-two slot count at a load of at most 1/2:
 AdaGrad row (144 bytes). A table's index is the one structure that lives as
 long as its rows, so it is built differently:
 
-- any slot count (the home slot is ``splitmix64(key) % capacity``), grown to a
+- any slot count (the home slot is the top 32 bits of ``splitmix64(key)`` scaled to
+  the capacity: a multiply and a shift), grown to a
   load of ``GROW_TO`` once an insert would pass ``MAX_LOAD``: 20-27 bytes per
   key, and a table sized up front (``expected_rows``) never rehashes;
 - each slot holds the key and its row (16 bytes, one cache line per probe),
@@ -32,14 +33,17 @@ from heraldps.sharding import splitmix64
 MAX_LOAD = 0.8  # an insert that would pass it grows the index first
 GROW_TO = 0.6  # the load right after growing
 MIN_CAPACITY = 1024
-MAX_ROWS = 2**40  # rows are int64; far beyond any host's memory
+MAX_ROWS = 2**31  # keeps the slot count below 2**32 (``_home``), as KeyIndex's limit
 SLOT_BYTES = 16
 PREFETCH_DISTANCE = 16  # a power of two: the ring index masks
 
 
 @njit(nogil=True, inline="always")
 def _home(slots: npt.NDArray[np.int64], key: np.int64) -> np.int64:  # pragma: no cover
-    return np.int64(splitmix64(np.uint64(key)) % np.uint64(slots.shape[0]))
+    """The first slot ``key`` probes: the hash's top 32 bits scaled to the slot count
+    (a multiply and a shift, not a division; capacity < 2**32)."""
+    high = splitmix64(np.uint64(key)) >> np.uint64(32)
+    return np.int64((high * np.uint64(slots.shape[0])) >> np.uint64(32))
 
 
 @njit(nogil=True, inline="always")
