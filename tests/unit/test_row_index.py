@@ -87,3 +87,17 @@ def test_table_grows_without_copies_and_exports_keys() -> None:
     sized.pull(keys, with_state=True)
     assert sized.capacity == 50_000 and sized._index.capacity == capacity_for(50_000)
     assert sized._records.grows_in_place == sized._records.grows_by_copy == 0
+
+
+def test_expected_rows_flows_from_config_to_tables() -> None:
+    from ps_server.server import PSConfig
+    from ps_server.store import StagedStore
+
+    store = StagedStore(expected_rows=5000)
+    table, _ = store.create_table(TableSpec("emb", 4, optimizer=AdaGrad(lr=0.1)))
+    assert table._index.capacity == capacity_for(5000) and table.capacity == 5000
+    assert table.rows == 0 and table.nbytes == table._index.nbytes  # reserved, not charged
+    with pytest.raises(ValueError, match="expected_rows must be >= 0"):
+        StagedStore(expected_rows=-1)
+    with pytest.raises(ValueError, match="--expected-rows must be >= 0"):
+        PSConfig(expected_rows=-1)
