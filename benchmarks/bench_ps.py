@@ -9,13 +9,15 @@ Run from the repository root::
 It prints a markdown table and writes every number to
 ``benchmarks/results/bench_ps.json``. What is measured:
 
-1. Pull of 65,536 distinct existing keys (dim 64, AdaGrad table) through
-   ``PSClient`` from one shard started with the real CLI
-   (``python -m launcher ps``) in its own process: pulls/s, rows/s, MB/s.
-2. Baseline (a), the raw gRPC ceiling: a minimal generic-handler gRPC server
-   in its own process answers a 512 KiB request with a prebuilt ``bytes``
-   payload the size of our Pull response (65,536 * (64 * 4 + 8) bytes), same
-   channel options, no decoding on either side. Target: ours/raw >= 0.5.
+1. Pull of 65,536 distinct existing keys, drawn at random from a table of
+   ``--table-rows`` rows (default 1M; dim 64, AdaGrad), through ``PSClient``
+   from one shard started with the real CLI (``python -m launcher ps``) in its
+   own process: pulls/s, rows/s, MB/s.
+2. Baseline (a), the wire ceiling: a minimal generic-handler gRPC server in
+   its own process answers a 512 KiB request with a prebuilt ``bytes`` payload
+   the size of our Pull response (65,536 * (64 * 4 + 8) bytes), same channel
+   options, no decoding on either side (a raw unary echo of the same bytes).
+   Target: ours/raw >= 0.6.
 3. Baseline (b): ``MGET`` of the same 65,536 rows from a local
    ``redis-server`` (each value: the 256-byte float32 row followed by the
    8-byte int64 version, 264 bytes), decoded into float32 ``[65536, 64]`` and
@@ -31,8 +33,13 @@ It prints a markdown table and writes every number to
    8 (key) + 8 (version) + 256 (values) + 256 (AdaGrad state) = 528 bytes.
    Target: ratio <= 1.25.
 
-Rates are medians over rounds (warm-up excluded); pull rounds of the three
-systems are interleaved so drift on a shared machine hits them alike.
+Pulls are timed call by call, the systems alternating: each of ``--pull-rounds``
+rounds (default 24) calls every system once, in an order rotated every round,
+so drift and noise on a shared machine hit them alike; the table gives the
+median, and the spread (quartiles, min..max, and the per-round ratio) is
+printed below it. Timing each system in its own phase and keeping the best
+round read the same code anywhere from 0.23x to 1.19x the raw ceiling on our
+2-core machine. Other rates are medians over rounds (warm-up excluded).
 MB is 10**6 bytes of response payload (values + versions).
 """
 
@@ -76,6 +83,9 @@ BATCH = 65_536
 DIM = 64
 INDEX_KEYS = 1_000_000
 MEMORY_ROWS = 1_000_000
+TABLE_ROWS = 1_000_000
+PULL_ROUNDS = 24
+KEY_SETS = 8  # pulls rotate over this many random key sets (no one set stays in cache)
 MAX_MESSAGE_BYTES = 64 * 2**20
 ROW_PAYLOAD = DIM * 4 + 8  # float32 values + int64 version
 RESPONSE_BYTES = BATCH * ROW_PAYLOAD  # 65,536*64*4 + 65,536*8
@@ -84,7 +94,7 @@ IDEAL_ROW_BYTES = 8 + 8 + DIM * 4 + DIM * 4  # key, version, values, AdaGrad acc
 TABLE = "bench"
 RAW_METHOD = "/heraldps.bench.Raw/Pull"
 
-TARGET_RAW_RATIO = 0.5
+TARGET_RAW_RATIO = 0.6
 TARGET_REDIS_RATIO = 4.0
 TARGET_LOOKUP_KEYS_PER_S = 20e6
 TARGET_MEMORY_RATIO = 1.25
@@ -96,6 +106,9 @@ class Settings:
     round_seconds: float
     warmup_calls: int
     memory_rows: int
+    pull_rounds: int = PULL_ROUNDS
+    table_rows: int = TABLE_ROWS
+    compare_tree: Path | None = None
 
 
 @dataclass
@@ -147,17 +160,33 @@ def measure(call: Callable[[], object], settings: Settings) -> list[float]:
     return [timed_round(call, settings.round_seconds) for _ in range(settings.rounds)]
 
 
-def measure_interleaved(
-    calls: dict[str, Callable[[], object]], settings: Settings
+def measure_alternating(
+    calls: dict[str, Callable[[], object]], rounds: int, warmup: int
 ) -> dict[str, list[float]]:
-    """Per-round rates of several calls, their rounds interleaved."""
-    for call in calls.values():
-        warm_up(call, settings.warmup_calls)
-    rates: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(settings.rounds):
-        for name, call in calls.items():
-            rates[name].append(timed_round(call, settings.round_seconds))
-    return rates
+    """Seconds of every call, the systems alternating call by call: round ``r`` calls
+    each system once, in an order rotated by ``r``, so no system always runs first
+    (right after a pause) or last."""
+    names = list(calls)
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        if r // len(names) % 2:
+            order.reverse()
+        for name in order:
+            started = time.perf_counter()
+            calls[name]()
+            seconds[name].append(time.perf_counter() - started)
+    return seconds
+
+
+def spread(seconds: list[float]) -> str:
+    """Median, quartiles and range of call times, in ms."""
+    q1, mid, q3 = (float(np.percentile(seconds, q)) * 1e3 for q in (25, 50, 75))
+    low, high = min(seconds) * 1e3, max(seconds) * 1e3
+    return f"{mid:.1f} ms (quartiles {q1:.1f}..{q3:.1f}, range {low:.1f}..{high:.1f})"
 
 
 def distinct_keys(count: int, seed: int) -> npt.NDArray[np.int64]:
@@ -185,12 +214,17 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def running(command: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process (output to ``log_path``), stopped with SIGTERM on exit, error or not."""
+def running(
+    command: list[str], log_path: Path, tree: Path = ROOT
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process (output to ``log_path``) run from source tree ``tree``, stopped with
+    SIGTERM on exit, error or not."""
+    env = dict(os.environ, PYTHONPATH=str(tree)) if tree != ROOT else None
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
-        )
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
+            env=env,
+        )  # fmt: skip
         try:
             yield proc
         finally:
@@ -231,16 +265,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def ps_shard(workdir: Path) -> Iterator[str]:
-    """One PS shard started with the real CLI; yields its address."""
-    port_file = workdir / "ps.port"
-    log_path = workdir / "ps.log"
+def ps_shard(workdir: Path, tree: Path = ROOT, name: str = "ps") -> Iterator[str]:
+    """One PS shard started with the real CLI from source tree ``tree``; yields its address."""
+    port_file = workdir / f"{name}.port"
+    log_path = workdir / f"{name}.log"
     command = [
         sys.executable, "-m", "launcher", "ps",
         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
         "--num-shards", "1", "--shard-index", "0",
     ]  # fmt: skip
-    with running(command, log_path) as proc:
+    with running(command, log_path, tree) as proc:
         port = wait_for_port_file(port_file, proc, log_path)
         yield f"127.0.0.1:{port}"
 
@@ -382,12 +416,13 @@ def decode_redis_rows(
     return values, versions
 
 
-def redis_pull_call(client: Any, keys: npt.NDArray[np.int64]) -> Callable[[], object]:
-    names = redis_key_names(keys)
-    fill_redis(client, names)
+def redis_pull_call(client: Any, key_sets: list[npt.NDArray[np.int64]]) -> Callable[[], object]:
+    name_sets = [redis_key_names(keys) for keys in key_sets]
+    fill_redis(client, [name for names in name_sets for name in names])
+    next_names = rotating(name_sets)  # type: ignore[arg-type]
 
     def call() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        values, versions = decode_redis_rows(client.mget(names))
+        values, versions = decode_redis_rows(client.mget(next_names()))
         if values.shape != (BATCH, DIM):
             raise RuntimeError(f"redis rows decoded to {values.shape}")
         return values, versions
@@ -406,9 +441,23 @@ def redis_parser() -> str:
 # ----- ours: pull and push+commit ------------------------------------------------------
 
 
-def ours_pull_call(client: Any, keys: npt.NDArray[np.int64]) -> Callable[[], object]:
+def rotating(key_sets: list[npt.NDArray[np.int64]]) -> Callable[[], npt.NDArray[np.int64]]:
+    """The next key set on every call, round and round."""
+    turn = 0
+
+    def next_keys() -> npt.NDArray[np.int64]:
+        nonlocal turn
+        turn += 1
+        return key_sets[turn % len(key_sets)]
+
+    return next_keys
+
+
+def ours_pull_call(client: Any, key_sets: list[npt.NDArray[np.int64]]) -> Callable[[], object]:
+    next_keys = rotating(key_sets)
+
     def call() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        values, versions = client.pull(TABLE, keys)
+        values, versions = client.pull(TABLE, next_keys())
         if values.shape != (BATCH, DIM):
             raise RuntimeError(f"pull returned {values.shape}")
         return values, versions
@@ -434,11 +483,13 @@ def push_commit_call(client: Any, keys: npt.NDArray[np.int64]) -> Callable[[], o
 
 
 def create_populated_table(client: Any, keys: npt.NDArray[np.int64]) -> None:
+    """The bench table with a row for every key, created by pulls of ``BATCH`` keys."""
     from heraldps.optim import AdaGrad
 
     client.create_table(TABLE, DIM, AdaGrad(lr=0.01))
-    values, _ = client.pull(TABLE, keys)  # creates the rows
-    if values.shape != (BATCH, DIM) or client.describe_table(TABLE).rows != BATCH:
+    for start in range(0, keys.shape[0], BATCH):
+        client.pull(TABLE, keys[start : start + BATCH])  # creates the rows
+    if client.describe_table(TABLE).rows != keys.shape[0]:
         raise RuntimeError("pre-populating the table failed")
 
 
@@ -519,7 +570,7 @@ def memory_probe(rows: int) -> dict[str, Any]:
         "bytes_per_row": (after - before) / rows,
         "live_bytes_per_row": (after_trim - before) / rows,
         "accounted_bytes_per_row": table.nbytes / rows,
-        "row_capacity": int(table._keys.shape[0]),
+        "row_capacity": table.capacity,
     }
 
 
@@ -578,7 +629,9 @@ def bench_network(settings: Settings, workdir: Path, results: Results) -> None:
     from heraldps.client import PSClient
     from heraldps.serving import channel_options
 
-    keys = distinct_keys(BATCH, seed=7)
+    keys = distinct_keys(settings.table_rows, seed=7)
+    rng = np.random.default_rng(8)
+    key_sets = [rng.choice(keys, BATCH, replace=False) for _ in range(KEY_SETS)]
     skip_redis = redis_available()
     with contextlib.ExitStack() as stack:
         ps_address = stack.enter_context(ps_shard(workdir))
@@ -589,12 +642,19 @@ def bench_network(settings: Settings, workdir: Path, results: Results) -> None:
         channel = stack.enter_context(
             grpc.insecure_channel(raw_address, options=channel_options(MAX_MESSAGE_BYTES))
         )
-        calls = {"heraldps": ours_pull_call(client, keys), "raw_grpc": raw_pull_call(channel)}
+        calls = {"heraldps": ours_pull_call(client, key_sets), "raw_grpc": raw_pull_call(channel)}
         if skip_redis is None:
-            calls["redis"] = redis_pull_call(stack.enter_context(redis_server(workdir)), keys)
-        pulls = measure_interleaved(calls, settings)
-        push = measure(push_commit_call(client, keys), settings)
-    results.measurements["pull_per_s"] = pulls
+            redis = stack.enter_context(redis_server(workdir))
+            calls["redis"] = redis_pull_call(redis, key_sets)
+        if settings.compare_tree is not None:  # the same pull served by another version
+            other = stack.enter_context(ps_shard(workdir, settings.compare_tree, "compare"))
+            compared = stack.enter_context(PSClient([other]))
+            compared.wait_ready()
+            create_populated_table(compared, keys)
+            calls["compare_tree"] = ours_pull_call(compared, key_sets)
+        pulls = measure_alternating(calls, settings.pull_rounds, settings.warmup_calls)
+        push = measure(push_commit_call(client, key_sets[0]), settings)
+    results.measurements["pull_seconds"] = pulls
     results.measurements["push_commit_per_s"] = push
     results.measurements["redis"] = {
         "skipped": skip_redis,
@@ -605,12 +665,31 @@ def bench_network(settings: Settings, workdir: Path, results: Results) -> None:
     add_push_rows(results, push)
 
 
+def pull_spread(pulls: dict[str, list[float]]) -> list[str]:
+    """Lines giving each system's call times and the per-round ratio to raw gRPC."""
+    lines = [f"- {name}: {spread(seconds)}" for name, seconds in pulls.items()]
+    for name in ("heraldps", "compare_tree"):
+        if name not in pulls:
+            continue
+        per_round = [r / o for r, o in zip(pulls["raw_grpc"], pulls[name], strict=True)]
+        ratio = median(pulls["raw_grpc"]) / median(pulls[name])
+        lines.append(
+            f"- {name}/raw gRPC: ratio of medians {ratio:.2f}; "
+            f"per round: median {median(per_round):.2f}, quartiles "
+            f"{np.percentile(per_round, 25):.2f}..{np.percentile(per_round, 75):.2f}, "
+            f"range {min(per_round):.2f}..{max(per_round):.2f}"
+        )
+    return lines
+
+
 def add_pull_rows(results: Results, pulls: dict[str, list[float]], skip_redis: str | None) -> None:
-    ours = median(pulls["heraldps"])
-    raw = median(pulls["raw_grpc"])
+    """Rates from the median call time of each system (alternated calls)."""
+    ours = 1 / median(pulls["heraldps"])
+    raw = 1 / median(pulls["raw_grpc"])
+    rows = results.settings["table_rows"]
     results.rows += [
         Row(
-            "pull 65,536 x 64 (pulls/s) vs raw gRPC",
+            f"pull 65,536 x 64 of {rows:,} rows (pulls/s) vs raw gRPC echo",
             ours, raw, "raw gRPC, bytes only", ours / raw, f">= {TARGET_RAW_RATIO}",
             ours / raw >= TARGET_RAW_RATIO, "pulls/s",
         ),
@@ -625,7 +704,7 @@ def add_pull_rows(results: Results, pulls: dict[str, list[float]], skip_redis: s
             Row("pull vs Redis MGET (pulls/s)", ours, note=f"skipped: {skip_redis}")
         )
         return
-    redis = median(pulls["redis"])
+    redis = 1 / median(pulls["redis"])
     results.rows.append(
         Row(
             "pull 65,536 x 64 (pulls/s) vs Redis MGET", ours, redis, "Redis MGET + decode",
@@ -706,6 +785,9 @@ def markdown(results: Results) -> str:
         f"redis-py {m['redis_py']}, {m['redis_server'] or 'no redis-server'}.",
         f"Settings: {results.settings}",
     ]
+    if "pull_seconds" in results.measurements:
+        lines += ["", "Pull call times (alternating calls):"]
+        lines += pull_spread(results.measurements["pull_seconds"])
     redis = results.measurements.get("redis", {})
     if redis and not redis.get("skipped"):
         lines.append(f"Redis: each value is the {redis['value_layout']}; {redis['parser']}.")
@@ -727,19 +809,30 @@ def write_json(results: Results, path: Path) -> None:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     if args.quick:
-        return Settings(args.rounds or 3, 0.3, 2, MEMORY_ROWS)
-    return Settings(args.rounds or 10, 1.5, 3, MEMORY_ROWS)
+        return Settings(args.rounds or 3, 0.3, 2, MEMORY_ROWS, args.pull_rounds or 8,
+                        args.table_rows or 200_000, args.compare_tree)  # fmt: skip
+    return Settings(
+        args.rounds or 10, 1.5, 3, MEMORY_ROWS, args.pull_rounds or PULL_ROUNDS,
+        args.table_rows or TABLE_ROWS, args.compare_tree,
+    )  # fmt: skip
 
 
-def run(settings: Settings, output: Path) -> Results:
+def run(settings: Settings, output: Path, pull_only: bool = False) -> Results:
     results = Results(
         machine=machine_info(),
-        settings={**asdict(settings), "batch": BATCH, "dim": DIM, "index_keys": INDEX_KEYS},
+        settings={
+            **asdict(settings),
+            "compare_tree": str(settings.compare_tree or ""),
+            "batch": BATCH,
+            "dim": DIM,
+            "index_keys": INDEX_KEYS,
+        },
     )
-    print("KeyIndex.lookup ...", file=sys.stderr)
-    add_lookup_row(results, bench_lookup(settings))
-    print(f"resident memory of {settings.memory_rows:,} rows ...", file=sys.stderr)
-    add_memory_row(results, bench_memory(settings.memory_rows))
+    if not pull_only:
+        print("KeyIndex.lookup ...", file=sys.stderr)
+        add_lookup_row(results, bench_lookup(settings))
+        print(f"resident memory of {settings.memory_rows:,} rows ...", file=sys.stderr)
+        add_memory_row(results, bench_memory(settings.memory_rows))
     print("pull (heraldps / raw gRPC / Redis) and push+commit ...", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench_ps.") as workdir:
         bench_network(settings, Path(workdir), results)
@@ -756,12 +849,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few short rounds (smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per measurement")
+    parser.add_argument(
+        "--pull-rounds",
+        type=int,
+        default=None,
+        help=f"alternating pull rounds (default {PULL_ROUNDS}; 8 with --quick)",
+    )
+    parser.add_argument(
+        "--table-rows",
+        type=int,
+        default=None,
+        help=f"rows in the pulled table (default {TABLE_ROWS:,}; 200,000 with --quick)",
+    )
+    parser.add_argument(
+        "--compare-tree",
+        type=Path,
+        default=None,
+        help="also pull from a shard run from this source tree (e.g. an older commit: "
+        "git archive <commit> | tar -x -C DIR), in the same alternation",
+    )
+    parser.add_argument(
+        "--pull-only",
+        action="store_true",
+        help="only pull (vs raw gRPC and Redis) and push+commit: skip lookup and memory",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="JSON result file")
     parser.add_argument("--serve-raw", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--memory-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.rounds is not None and args.rounds < 1:
-        parser.error("--rounds must be >= 1")
+    for flag in ("rounds", "pull_rounds"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.table_rows is not None and args.table_rows < BATCH:
+        parser.error(f"--table-rows must be >= {BATCH:,} (one pull's keys)")
     return args
 
 
@@ -780,7 +900,7 @@ def main(argv: list[str] | None = None) -> int:
     tune_malloc()
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     started = time.perf_counter()
-    results = run(settings_from(args), args.output)
+    results = run(settings_from(args), args.output, args.pull_only)
     print(markdown(results))
     print(f"\nWrote {args.output} ({time.perf_counter() - started:.0f}s).")
     return 0

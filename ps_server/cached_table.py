@@ -180,6 +180,19 @@ class CachedTable:
                 keys, rows.values[inverse], state, rows.versions[inverse], rows.changed[inverse]
             )
 
+    def pull_into(
+        self,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        versions: npt.NDArray[np.int64],
+        state: npt.NDArray[np.float32],
+    ) -> None:
+        """:meth:`pull` copied into the caller's arrays (a response message's payloads)."""
+        block = self.pull(keys, state.shape[1] > 0)
+        values[...] = block.values
+        versions[...] = block.versions
+        state[...] = block.state
+
     def versions(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         with self.lock:
             unique, inverse = distinct(keys)

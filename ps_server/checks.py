@@ -13,6 +13,7 @@ from heraldps.keyindex import distinct
 from heraldps.limits import MAX_ITERATION, MAX_VERSION
 from heraldps.optim import MAX_STEPS
 from heraldps.spec import TableSpec
+from ps_server.kernels import first_non_finite
 
 
 def check_same_spec(existing: TableSpec, requested: TableSpec) -> None:
@@ -118,9 +119,9 @@ def check_finite_rows(
     Finite gradients can still overflow float32 (two 3e38 gradients on a key, a huge
     learning rate); such an update is refused whole rather than storing Inf or NaN.
     """
-    bad = ~(np.isfinite(values).all(axis=1) & np.isfinite(state).all(axis=1))
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
+    i = first_non_finite(values, state)  # one compiled pass; the count only on failure
+    if i >= 0:
+        bad = ~(np.isfinite(values).all(axis=1) & np.isfinite(state).all(axis=1))
         raise InvalidArgument(
             f"{what} on table {table!r} would store a non-finite value or optimizer state "
             f"in {int(bad.sum())} rows (first: key {keys[i]}); nothing was applied. The "

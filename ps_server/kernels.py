@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.jit import njit
+from heraldps.prefetch import prefetch
 
 
 @njit(nogil=True)
@@ -68,3 +69,102 @@ def copy_clocks(
         if d >= 0:
             versions[d] = src_versions[src_rows[i]]
             changed[d] = src_changed[src_rows[i]]
+
+
+# Rows ahead of the one being copied whose cache lines are prefetched: a pull's rows
+# are scattered over a table of hundreds of MiB, so nearly every one is a miss.
+GATHER_PREFETCH = 8
+
+
+@njit(nogil=True, inline="always")
+def _prefetch_record(
+    flat: npt.NDArray[np.int64], start: np.int64, used: int
+) -> None:  # pragma: no cover
+    """The cache lines of words ``start..start+used-1`` of ``flat`` (a record of a table's
+    records, flattened once by the caller: a reshape per row costs reference-count
+    atomics). Only those lines: prefetching lines a pass does not read costs bandwidth."""
+    for k in range(0, used, 8):  # 8 int64: one 64-byte line
+        prefetch(flat, start + k)
+    prefetch(flat, start + used - 1)
+
+
+@njit(nogil=True)
+def gather_pull(
+    records: npt.NDArray[np.int64],
+    floats: npt.NDArray[np.float32],
+    rows: npt.NDArray[np.int64],
+    out_values: npt.NDArray[np.float32],
+    out_state: npt.NDArray[np.float32],
+    out_versions: npt.NDArray[np.int64],
+) -> None:  # pragma: no cover - compiled
+    """A pull's rows out of a table's records (``ps_server.table``: words 0 and 1 the
+    version and change mark, then the values, then the state; ``floats`` is ``records``
+    seen as float32): ``out_values[i]``, ``out_versions[i]`` and, when ``out_state`` has
+    columns, ``out_state[i]`` from record ``rows[i]``. One pass, each record's lines
+    prefetched ``GATHER_PREFETCH`` rows ahead; the outputs may be unaligned views (a
+    message)."""
+    n = rows.shape[0]
+    dim = out_values.shape[1]
+    width = out_state.shape[1]
+    used = 2 + (dim + width + 1) // 2  # version, change mark, values, state if asked
+    words = records.shape[1]
+    flat = records.reshape(-1)
+    for i in range(n):
+        if i + GATHER_PREFETCH < n:
+            _prefetch_record(flat, rows[i + GATHER_PREFETCH] * words, used)
+        r = rows[i]
+        for j in range(dim):
+            out_values[i, j] = floats[r, 4 + j]
+        for j in range(width):
+            out_state[i, j] = floats[r, 4 + dim + j]
+        out_versions[i] = records[r, 0]
+
+
+@njit(nogil=True)
+def gather_records(
+    records: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], out: npt.NDArray[np.int64]
+) -> None:  # pragma: no cover - compiled
+    """``out[i] = records[rows[i]]``, whole records, prefetched ahead; entries whose row
+    is < 0 are left as they are (a commit's working copies)."""
+    n = rows.shape[0]
+    words = records.shape[1]
+    flat = records.reshape(-1)
+    for i in range(n):
+        if i + GATHER_PREFETCH < n and rows[i + GATHER_PREFETCH] >= 0:
+            _prefetch_record(flat, rows[i + GATHER_PREFETCH] * words, words)
+        r = rows[i]
+        if r >= 0:
+            for j in range(words):
+                out[i, j] = records[r, j]
+
+
+@njit(nogil=True)
+def scatter_records(
+    records: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], src: npt.NDArray[np.int64]
+) -> None:  # pragma: no cover - compiled
+    """``records[rows[i]] = src[i]``, whole records, prefetched ahead (a commit storing
+    what it computed; distinct rows)."""
+    n = rows.shape[0]
+    words = records.shape[1]
+    flat = records.reshape(-1)
+    for i in range(n):
+        if i + GATHER_PREFETCH < n:
+            _prefetch_record(flat, rows[i + GATHER_PREFETCH] * words, words)
+        r = rows[i]
+        for j in range(words):
+            records[r, j] = src[i, j]
+
+
+@njit(nogil=True)
+def first_non_finite(
+    values: npt.NDArray[np.float32], state: npt.NDArray[np.float32]
+) -> int:  # pragma: no cover - compiled
+    """The first row with a NaN or Inf in ``values`` or ``state``; -1 if none."""
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if not np.isfinite(values[i, j]):
+                return i
+        for j in range(state.shape[1]):
+            if not np.isfinite(state[i, j]):
+                return i
+    return -1

@@ -42,6 +42,7 @@ class PSConfig:
     metrics_port: int | None = None
     max_message_mb: int = 64
     memory_limit_gb: float | None = None
+    expected_rows: int = 0  # staged store: rows each table is sized for up front
     threads: int = 16
     grace_seconds: float = 10.0
     port_file: str | None = None
@@ -73,6 +74,8 @@ class PSConfig:
                 f"--shard-index must be in 0..{self.num_shards - 1} for --num-shards "
                 f"{self.num_shards}, got {self.shard_index}"
             )
+        if self.expected_rows < 0:
+            raise ValueError(f"--expected-rows must be >= 0, got {self.expected_rows}")
         if self.max_message_mb < 1:
             raise ValueError(f"--max-message-mb must be >= 1, got {self.max_message_mb}")
         if self.snapshot_root and self.data_dir and _overlap(self.snapshot_root, self.data_dir):
@@ -148,7 +151,9 @@ class PSServer(GrpcProcess):
             # Its host cache is sized by --cache-gb; the limit counts the calls' buffers.
             self.store.budget.limit_bytes = limit
         else:
-            self.store = StagedStore(config.shard_index, config.num_shards, limit)
+            self.store = StagedStore(
+                config.shard_index, config.num_shards, limit, config.expected_rows
+            )
         if config.restore:
             iteration, tables = snapshot.read_for_shard(
                 Path(config.restore), config.shard_index, config.num_shards

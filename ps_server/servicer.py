@@ -29,6 +29,7 @@ from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachedTable
 from ps_server.checks import check_steps
 from ps_server.metrics import PSMetrics
+from ps_server.pull_response import PullResponseBuffer
 from ps_server.store import StagedStore
 from ps_server.table import StagedTable
 
@@ -126,25 +127,21 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Pull(  # type: ignore[override]
         self, request: ps_pb2.PullRequest, context: grpc.ServicerContext
     ) -> bytes:
-        """Answer with an already serialized PullResponse (see ``wire.encode_message``)."""
+        """Answer with an already serialized PullResponse whose rows the table gathered
+        straight into the message (``ps_server.pull_response``)."""
         table = self.store.table(request.table)
         keys = wire.decode_keys(request.keys)
-        width = table.dim + (table.state_width if request.with_state else 0)
-        size = self._check_response_size(keys.shape[0], width, f"pull of {keys.shape[0]} keys")
-        with self.store.budget.reserve(2 * size, "the pull's response"):  # arrays + message
-            block = table.pull(keys, request.with_state)
-            self.metrics.pulled.labels(self.metrics.shard, table.name).inc(keys.shape[0])
+        n = keys.shape[0]
+        sw = table.state_width if request.with_state else 0
+        size = self._check_response_size(n, table.dim + sw, f"pull of {n} keys")
+        # The message; a Cached-PS table also builds the rows as arrays first.
+        copies = 1 if isinstance(table, StagedTable) else 2
+        with self.store.budget.reserve(copies * size, "the pull's response"):
+            response = PullResponseBuffer(n, table.dim, sw)
+            table.pull_into(keys, response.values, response.versions, response.state)
+            self.metrics.pulled.labels(self.metrics.shard, table.name).inc(n)
             self._observe_size(table)
-            fields = ps_pb2.PullResponse.DESCRIPTOR.fields_by_name
-            return wire.encode_message(
-                [
-                    (fields["values"].number, wire.wire_floats(block.values)),
-                    (fields["versions"].number, wire.wire_keys(block.versions)),
-                    (fields["state"].number, wire.wire_floats(block.state)),
-                    (fields["dim"].number, table.dim),
-                    (fields["state_width"].number, table.state_width),
-                ]
-            )
+            return response.message
 
     @unary_handler
     def GetVersions(

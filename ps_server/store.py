@@ -35,13 +35,22 @@ class StagedStore(ShardTables[StagedTable]):
     """Every table of one shard, held in host memory (HugeCTR's Staged-PS)."""
 
     def __init__(
-        self, shard_index: int = 0, num_shards: int = 1, memory_limit_bytes: int | None = None
+        self,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        memory_limit_bytes: int | None = None,
+        expected_rows: int = 0,
     ) -> None:
+        """``expected_rows``: rows each new table is sized for up front (``--expected-rows``;
+        0: tables grow as keys arrive). A snapshot load sizes tables by their rows."""
+        if expected_rows < 0:
+            raise ValueError(f"expected_rows must be >= 0, got {expected_rows}")
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index must be in 0..{num_shards - 1}, got {shard_index}")
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.budget = MemoryBudget(memory_limit_bytes)
+        self.expected_rows = expected_rows
         self.committed_iteration = -1
         self._tables: dict[str, StagedTable] = {}
         self._commit_lock = threading.RLock()
@@ -55,7 +64,7 @@ class StagedStore(ShardTables[StagedTable]):
                 check_same_spec(existing.spec, spec)
                 return existing, False
             check_initializer(spec)
-            table = StagedTable(spec, self.budget, self.committed_iteration)
+            table = StagedTable(spec, self.budget, self.committed_iteration, self.expected_rows)
             self._tables[spec.name] = table
             return table, True
 
@@ -133,7 +142,8 @@ class StagedStore(ShardTables[StagedTable]):
             for spec, block in tables:
                 if spec.name in built:
                     raise InvalidArgument(f"snapshot holds table {spec.name!r} twice")
-                table = StagedTable(spec, fresh_budget, committed_iteration)
+                rows = max(len(block), self.expected_rows)
+                table = StagedTable(spec, fresh_budget, committed_iteration, rows)
                 table.load_rows(block)
                 built[spec.name] = table
             if apply:

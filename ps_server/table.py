@@ -1,9 +1,13 @@
 """One embedding table of a Staged-PS shard, held wholly in host memory.
 
-Rows live in contiguous, growable arrays (keys, values, optimizer state,
-version, iteration of last change), addressed through a compiled
-:class:`~heraldps.keyindex.KeyIndex`. Every operation is a handful of
-vectorized array calls on a whole request.
+Rows live in contiguous arrays (values, optimizer state, version, iteration
+of last change) that grow without copying (``ps_server.row_arrays``),
+addressed through a compiled :class:`~ps_server.row_index.RowIndex`, which
+also holds each row's key. Every operation is a handful of vectorized array
+calls or compiled loops on a whole request. ``expected_rows`` sizes the index
+and reserves the arrays up front, so a table that reaches it never rehashes.
+At 50M rows of dim 16 with AdaGrad a row costs about 1.2x its ideal 144 bytes
+(docs/figures.md, "The PS at 50M rows").
 
 Locking: every public method takes the table's lock for its whole run, so a
 request sees and leaves the table in a consistent state. The shard store
@@ -20,9 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from heraldps import hostmem
 from heraldps.errors import InvalidArgument
-from heraldps.keyindex import KeyIndex, distinct
+from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server.checks import (
     COMMIT_HINT,
@@ -32,8 +35,10 @@ from ps_server.checks import (
     check_write_back,
 )
 from ps_server.grad_buffer import GradBuffer
-from ps_server.kernels import gather_rows, scatter_add_rows
+from ps_server.kernels import gather_pull, gather_records, scatter_add_rows, scatter_records
 from ps_server.memory import MemoryBudget
+from ps_server.row_arrays import RowArray
+from ps_server.row_index import RowIndex
 
 NEVER_CHANGED = -1
 
@@ -91,6 +96,7 @@ class WorkingRows:
     changed: npt.NDArray[np.int64]
     its: list[int] = field(default_factory=list)  # the iterations a commit applies
     updates: int = 0  # gradient rows a commit applies
+    records: npt.NDArray[np.int64] | None = None  # the block the four arrays are views of
 
     def apply(
         self,
@@ -119,7 +125,15 @@ class WorkingRows:
 class StagedTable:
     """Host-memory rows of one table on one shard, with per-iteration gradient buffers."""
 
-    def __init__(self, spec: TableSpec, budget: MemoryBudget, committed_iteration: int) -> None:
+    def __init__(
+        self,
+        spec: TableSpec,
+        budget: MemoryBudget,
+        committed_iteration: int,
+        expected_rows: int = 0,
+    ) -> None:
+        """``expected_rows``: rows to size the index and reserve the arrays for (0: grow
+        as keys arrive; either way the table holds any number of rows)."""
         self.spec = spec
         self.dim = spec.dim
         self.state_width = spec.state_width
@@ -128,14 +142,51 @@ class StagedTable:
         self._budget = budget
         self._charged = 0
         self._pending_row_reserve = 0
-        self._index = KeyIndex()
-        self._keys = np.empty(0, dtype=np.int64)
-        self._values = np.empty((0, self.dim), dtype=np.float32)
-        self._state = np.empty((0, self.state_width), dtype=np.float32)
-        self._versions = np.empty(0, dtype=np.int64)
-        self._changed = np.empty(0, dtype=np.int64)
+        self._index = RowIndex(expected_rows)
+        # One record per row: version, change mark, values, state (padded to 8 bytes).
+        self._words = 2 + (self.dim + self.state_width + 1) // 2
+        self._records = RowArray((self._words,), np.int64, expected_rows)
         self._buffers: dict[int, GradBuffer] = {}
         self._account(self._exact_bytes(), "creating the table")
+
+    # Each row is one record (array of structs): a pull or a commit touches one place
+    # per row, not one per column, which at 50M rows is 2-3x fewer cache and TLB misses
+    # (docs/figures.md, "The PS at 50M rows"). The columns below are strided views of
+    # the records, made on each use: the records live in their RowArray only, so a grow
+    # can extend the mapping in place. Never keep a view across a call that creates rows.
+    def _columns(
+        self, records: npt.NDArray[np.int64]
+    ) -> tuple[
+        npt.NDArray[np.float32],
+        npt.NDArray[np.float32],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+    ]:
+        """Views of a ``[n, words]`` block of records: values, state, versions, changes."""
+        floats = records.view(np.float32)
+        state = 4 + self.dim
+        return (
+            floats[:, 4:state],
+            floats[:, state : state + self.state_width],
+            records[:, 0],
+            records[:, 1],
+        )
+
+    @property
+    def _values(self) -> npt.NDArray[np.float32]:
+        return self._columns(self._records.array)[0]
+
+    @property
+    def _state(self) -> npt.NDArray[np.float32]:
+        return self._columns(self._records.array)[1]
+
+    @property
+    def _versions(self) -> npt.NDArray[np.int64]:
+        return self._records.array[:, 0]
+
+    @property
+    def _changed(self) -> npt.NDArray[np.int64]:
+        return self._records.array[:, 1]
 
     # ----- sizes and memory -------------------------------------------------
     @property
@@ -143,9 +194,16 @@ class StagedTable:
         return len(self._index)
 
     @property
+    def capacity(self) -> int:
+        """Rows the arrays have room for (reserved address space; untouched pages cost
+        no memory)."""
+        return self._records.capacity
+
+    @property
     def row_bytes(self) -> int:
-        """Bytes per row: key, version, change mark (int64 each), values and state."""
-        return 24 + 4 * (self.dim + self.state_width)
+        """Bytes per row record: version, change mark (int64 each), values and state,
+        padded to 8 bytes (the key lives in the index)."""
+        return 8 * self._words
 
     @property
     def nbytes(self) -> int:
@@ -164,8 +222,8 @@ class StagedTable:
         self._charged = total
 
     def _bytes_with_new_rows(self, new_rows: int) -> int:
-        grown_index = KeyIndex.bytes_for(self.rows + new_rows) - self._index.nbytes
-        return self._charged + new_rows * self.row_bytes + max(0, grown_index)
+        grown_index = self._index.bytes_after(self.rows + new_rows) - self._index.nbytes
+        return self._charged + new_rows * self.row_bytes + grown_index
 
     # ----- row creation -----------------------------------------------------
     def _count_missing(self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> int:
@@ -173,28 +231,31 @@ class StagedTable:
         return int(distinct(missing)[0].shape[0]) if missing.shape[0] else 0
 
     def _ensure_rows(
-        self, keys: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], fill: bool = True
+        self,
+        keys: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
+        fill: bool = True,
+        keys_distinct: bool = False,
     ) -> npt.NDArray[np.int64]:
         """Create the rows of keys whose ``rows`` entry is -1 (memory already charged);
-        ``fill=False`` leaves their values and state for the caller to write."""
+        ``fill=False`` leaves their values and state for the caller to write;
+        ``keys_distinct``: the caller's keys hold no duplicates (a commit, a load)."""
         absent = rows < 0
         if not absent.any():
             return rows
         old = self.rows
         rows = rows.copy()
-        rows[absent] = self._index.insert(keys[absent])
+        # Distinct absent keys, in first-occurrence order: rows old..new-1.
+        if keys_distinct:
+            new_keys = keys[absent]
+            rows[absent] = self._index.insert(new_keys)
+        else:
+            new_keys, inverse = distinct(keys[absent])
+            rows[absent] = self._index.insert(new_keys)[inverse]
         new = self.rows
-        if new > self._keys.shape[0]:
-            capacity = max(new, 2 * self._keys.shape[0], 1024)
-            self._keys = hostmem.grown(self._keys, capacity)
-            self._values = hostmem.grown(self._values, capacity)
-            self._state = hostmem.grown(self._state, capacity)
-            self._versions = hostmem.grown(self._versions, capacity)
-            self._changed = hostmem.grown(self._changed, capacity)
-        # Rows old..new-1 were created in first-occurrence order of the absent keys.
-        new_keys = np.empty(new - old, dtype=np.int64)
-        new_keys[rows[absent] - old] = keys[absent]
-        self._keys[old:new] = new_keys
+        if new > self.capacity:
+            capacity = max(new, 2 * self.capacity, 1024)
+            self._records.grow(capacity)
         if fill:
             self._values[old:new] = self.spec.initializer.generate(new_keys, self.dim)
             self._state[old:new] = self.spec.optimizer.init_state(new - old, self.dim)
@@ -214,14 +275,40 @@ class StagedTable:
     # ----- requests ---------------------------------------------------------
     def pull(self, keys: npt.NDArray[np.int64], with_state: bool) -> RowBlock:
         """Rows of ``keys`` in request order, creating unseen keys."""
+        n = keys.shape[0]
+        values = np.empty((n, self.dim), dtype=np.float32)
+        state = np.empty((n, self.state_width if with_state else 0), dtype=np.float32)
+        versions = np.empty(n, dtype=np.int64)
         with self.lock:
-            rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
-            values = gather_rows(self._values, rows)
-            if with_state:
-                state = gather_rows(self._state, rows)
-            else:
-                state = np.empty((rows.shape[0], 0), dtype=np.float32)
-            return RowBlock(keys, values, state, self._versions[rows], self._changed[rows])
+            rows = self._pull_into(keys, values, versions, state)
+            return RowBlock(keys, values, state, versions, self._changed[rows])
+
+    def pull_into(
+        self,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        versions: npt.NDArray[np.int64],
+        state: npt.NDArray[np.float32],
+    ) -> None:
+        """:meth:`pull` written straight into the caller's ``values [n, dim]``,
+        ``versions [n]`` and ``state [n, state_width or 0]`` (a response message's
+        payloads, ``ps_server.pull_response``): one gather, no intermediate arrays."""
+        with self.lock:
+            self._pull_into(keys, values, versions, state)
+
+    def _pull_into(
+        self,
+        keys: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32],
+        versions: npt.NDArray[np.int64],
+        state: npt.NDArray[np.float32],
+    ) -> npt.NDArray[np.int64]:
+        """The rows of ``keys`` (created if unseen) gathered into the outputs; caller
+        holds the lock."""
+        rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
+        records = self._records.array
+        gather_pull(records, records.view(np.float32), rows, values, state, versions)
+        return rows
 
     def known(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which keys have a row (caller holds the lock)."""
@@ -302,7 +389,7 @@ class StagedTable:
         the rows updated. Caller holds ``self.lock``."""
         updated = 0
         if work is not None:
-            self._store(self._ensure_rows(work.keys, work.slots, fill=False), work)
+            self._store(self._ensure_rows(work.keys, work.slots, False, True), work)
             for it in work.its:
                 del self._buffers[it]
             updated = work.updates
@@ -314,32 +401,25 @@ class StagedTable:
         return updated
 
     def _working_rows(self, keys: npt.NDArray[np.int64]) -> WorkingRows:
-        """Copies of the rows of distinct ``keys``; absent ones as they would be created."""
+        """Copies of the rows of distinct ``keys``; absent ones as they would be created.
+        Whole records, copied in one pass: the four arrays are views of one block."""
         rows = self._index.lookup(keys)
-        known = rows >= 0
-        n = keys.shape[0]
-        work = WorkingRows(
-            rows,
-            keys,
-            np.empty((n, self.dim), np.float32),
-            np.empty((n, self.state_width), np.float32),
-            np.zeros(n, np.int64),
-            np.full(n, NEVER_CHANGED, np.int64),
-        )
-        if known.all():
-            work.values = gather_rows(self._values, rows)
-            work.state = gather_rows(self._state, rows)
-        else:
-            old, new = np.flatnonzero(known), np.flatnonzero(~known)
-            work.values[old] = gather_rows(self._values, rows[old])
-            work.state[old] = gather_rows(self._state, rows[old])
+        block = np.empty((keys.shape[0], self._words), dtype=np.int64)
+        block[:, 0] = 0
+        block[:, 1] = NEVER_CHANGED
+        gather_records(self._records.array, rows, block)
+        work = WorkingRows(rows, keys, *self._columns(block), records=block)
+        absent = rows < 0
+        if absent.any():
+            new = np.flatnonzero(absent)
             work.values[new] = self.spec.initializer.generate(keys[new], self.dim)
             work.state[new] = self.spec.optimizer.init_state(new.shape[0], self.dim)
-        work.versions[known] = self._versions[rows[known]]
-        work.changed[known] = self._changed[rows[known]]
         return work
 
     def _store(self, rows: npt.NDArray[np.int64], work: WorkingRows) -> None:
+        if work.records is not None:
+            scatter_records(self._records.array, rows, work.records)
+            return
         self._values[rows] = work.values
         self._state[rows] = work.state
         self._versions[rows] = work.versions
@@ -376,7 +456,7 @@ class StagedTable:
             else:
                 rows = np.flatnonzero(self._changed[:n] > since_iteration)
             return RowBlock(
-                self._keys[rows],
+                self._index.keys_by_row()[rows],
                 self._values[rows],
                 self._state[rows],
                 self._versions[rows],
@@ -394,7 +474,7 @@ class StagedTable:
                 raise InvalidArgument(f"table {self.name!r} is not empty")
             n = len(block)
             self._account(self._bytes_with_new_rows(n), f"loading {n} rows into {self.name!r}")
-            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64), fill=False)
+            rows = self._ensure_rows(block.keys, np.full(n, -1, dtype=np.int64), False, True)
             self._values[rows] = block.values
             self._state[rows] = block.state
             self._versions[rows] = block.versions

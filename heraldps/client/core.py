@@ -17,6 +17,7 @@ stays per shard is listed in docs/clients.md ("All or nothing").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ import numpy.typing as npt
 
 from heraldps import wire
 from heraldps.client import checks, rpc
+from heraldps.client.assemble import place
 from heraldps.client.routing import Index, as_counts, as_keys, as_rows, count, plan_requests
 from heraldps.errors import VersionConflict
 from heraldps.security import PLAIN, ClientSecurity, open_channel
@@ -167,30 +169,31 @@ class ShardClient:
         dim, state_width = self._widths_of(table)
         sw = state_width if with_state else 0
         requests = self._requests(keys, 8 + 4 * (dim + sw))
+        values = np.empty((n, dim), dtype=np.float32)
+        versions = np.empty(n, dtype=np.int64)
+        state = np.empty((n, sw), dtype=np.float32)
+
+        def put(index: Index, answer: bytes) -> None:
+            """One answer's rows copied once, into the caller's order, as it arrives."""
+            fields = wire.decode_message(answer)
+            rows = count(index, n)
+            got = wire.len_field(fields, _VALUES)
+            place(values, index, wire.decode_rows(got, rows, dim, "values", check_finite=False))
+            clocks = wire.decode_keys(wire.len_field(fields, _VERSIONS), "versions")
+            if clocks.shape[0] != rows:
+                raise ValueError(f"a shard answered {clocks.shape[0]} versions for {rows} keys")
+            place(versions, index, clocks)
+            if with_state:
+                got = wire.len_field(fields, _STATE)
+                place(state, index, wire.decode_rows(got, rows, sw, "state", check_finite=False))
+
         calls = [
-            self._unary(shard, "Pull", ps_pb2.PullRequest(
-                table=table, keys=wire.encode_keys(keys[index]), with_state=with_state), True)
+            rpc.then(self._unary(shard, "Pull", ps_pb2.PullRequest(
+                table=table, keys=wire.encode_keys(keys[index]), with_state=with_state), True),
+                functools.partial(put, index))
             for shard, index in requests
         ]  # fmt: skip
-
-        def assemble(answers: list[bytes]) -> Pulled:
-            values = np.empty((n, dim), dtype=np.float32)
-            versions = np.empty(n, dtype=np.int64)
-            state = np.empty((n, sw), dtype=np.float32)
-            for (_, index), answer in zip(requests, answers, strict=True):
-                fields = wire.decode_message(answer)
-                rows = count(index, n)
-                values[index] = wire.decode_rows(
-                    wire.len_field(fields, _VALUES), rows, dim, "values", check_finite=False
-                )
-                versions[index] = wire.decode_keys(wire.len_field(fields, _VERSIONS), "versions")
-                if with_state:
-                    state[index] = wire.decode_rows(
-                        wire.len_field(fields, _STATE), rows, sw, "state", check_finite=False
-                    )
-            return values, versions, state
-
-        return rpc.gather(calls, assemble)
+        return rpc.gather(calls, lambda _: (values, versions, state))
 
     def versions(self, table: str, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Clocks ``int64 [n]`` of ``keys`` in order, without their rows (0: never seen)."""

@@ -219,6 +219,26 @@ def chain(first: Future[Part], then: Callable[[Part], Future[Result]]) -> Future
     return out
 
 
+def then(first: Future[Part], step: Callable[[Part], Result]) -> Future[Result]:
+    """``step(first's result)``, run as soon as ``first`` succeeds, on the thread that
+    completed it (it may not wait on a call); the first failure, or what ``step``
+    raises, fails the result."""
+    out: Future[Result] = _running()
+
+    def done(part: Future[Part]) -> None:
+        error = part.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        try:
+            out.set_result(step(part.result()))
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    first.add_done_callback(done)
+    return out
+
+
 def settled(future: Future[Result]) -> tuple[Result | None, BaseException | None]:
     """(result, None) or (None, error) once ``future`` is done (see ``wait``)."""
     try:

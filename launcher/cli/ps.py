@@ -27,6 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cap on table memory; requests beyond it fail with RESOURCE_EXHAUSTED",
     )
     p.add_argument(
+        "--expected-rows",
+        type=int,
+        default=0,
+        help="staged store: rows each table of this shard is sized for up front (its key "
+        "index and row arrays), so it never rehashes or moves while growing to them; "
+        "0: grow as keys arrive (docs/ps.md, 'Memory and growth')",
+    )
+    p.add_argument(
         "--store",
         default="staged",
         choices=("staged", "cached"),
@@ -83,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, shard_index=args.shard_index,
         num_shards=args.num_shards, metrics_port=args.metrics_port,
         max_message_mb=args.max_message_mb, memory_limit_gb=args.memory_limit_gb,
+        expected_rows=args.expected_rows,
         threads=args.threads, grace_seconds=args.grace_seconds, port_file=args.port_file,
         store=args.store, data_dir=args.data_dir, cache_gb=args.cache_gb,
         target_hit_rate=args.target_hit_rate, max_num_evict=args.max_num_evict,

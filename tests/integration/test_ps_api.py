@@ -529,3 +529,23 @@ def test_calls_leave_no_reference_cycles(cluster: ClusterFactory) -> None:
         gc.garbage.clear()
         gc.enable()
     assert ours == []
+
+
+def test_pull_with_state_in_key_order_across_shards(cluster: ClusterFactory) -> None:
+    """Each shard's answer is copied into the caller's order: three shards, duplicate keys
+    and rows updated by a commit give what one shard gives."""
+    keys = np.random.default_rng(5).integers(-(2**62), 2**62, 5000)
+    keys = np.concatenate([keys, keys[:700]])
+    results = []
+    for shards in (1, 3):
+        _, ps = cluster(shards)
+        ps.create_table("emb", dim=5, optimizer=AdaGrad(lr=0.1), initializer=Normal(seed=9))
+        ps.pull("emb", keys)
+        ps.push_gradients("emb", keys[::3], np.ones((keys[::3].shape[0], 5)), iteration=0)
+        ps.commit(0)
+        results.append(ps.pull_with_state("emb", keys))
+    for one, three in zip(*results, strict=True):
+        assert np.array_equal(one, three)
+    values, versions, state = results[0]
+    assert np.array_equal(values[5000:], values[:700]) and np.array_equal(state[5000:], state[:700])
+    assert set(versions.tolist()) == {0, 1} and (state != 0).any()
