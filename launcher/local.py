@@ -363,6 +363,11 @@ class _Attempt:
                 data_dir = workdir / ("ps-data" if not self.attempt else f"ps-data.{self.attempt}")
                 store_args = ("--store", "cached", "--data-dir", str(data_dir),
                               "--cache-gb", str(self.cache_gb))  # fmt: skip
+            if job.distinct_keys and self.store == "staged":
+                # Each shard's share of the training keys, with room for hashing's imbalance:
+                # the tables never rebuild their index on the way there.
+                share = int(job.distinct_keys / shards * 1.1) + 1024
+                store_args += ("--expected-rows", str(share))
             shard_procs = [
                 ps_process(i, shards, workdir, store_args, **_placed(network, f"ps-{i}"))
                 for i in range(shards)
