@@ -140,9 +140,7 @@ def run_feed(config: FeedConfig) -> None:
         raise FeedError("--ps needs the PS shard addresses, comma-separated, in shard order")
     job = TrainingJob.load(config.job)
     check(job.data_spec())  # a wrong column or format fails here, before any batch is sent
-    batches = job_batches(job)
     metrics = FeedMetrics()
-    metrics.batches.set(len(batches))
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, addr=config.metrics_host, registry=metrics.registry)
     timeout = config.timeout_seconds
@@ -152,6 +150,8 @@ def run_feed(config: FeedConfig) -> None:
         if not health.serving:
             raise FeedError(f"not ready after {timeout:g} s: {health.message}")
     log.info("shards %s and scheduler %s serve", ",".join(config.ps), config.scheduler)
+    batches = job_batches(job)
+    metrics.batches.set(len(batches))
     options = channel_options(MAX_MESSAGE_BYTES)
     with open_channel(config.scheduler, options, config.security) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)

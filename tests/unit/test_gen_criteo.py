@@ -121,6 +121,8 @@ def test_bench_data_measures_the_raw_parse_in_a_child(files: tuple[Path, Path]) 
     for kind, path in (("raw-tsv", tsv), ("raw-parquet", parquet)):
         got = bench.measure(kind, path, timeout=120)
         assert got["rows"] == ROWS, got
-        assert got["rows_per_s"] > 0 and 20 < got["rss_mb"] < 2000
+        # No upper bound: on Linux a child's ru_maxrss keeps its parent's high-water mark from
+        # before exec, and the parent here is a pytest worker (the benchmark's parent is small).
+        assert got["rows_per_s"] > 0 and got["rss_mb"] > 20
     failed = bench.measure("raw-tsv", tsv.parent / "missing.tsv", timeout=120)
     assert "error" in failed and "exit 1" in failed["error"]
