@@ -235,7 +235,14 @@ class FileStream:
 
     def _parquet(self) -> Iterator[pa.RecordBatch]:
         try:
-            file = pq.ParquetFile(str(self.layout.path))
+            # String sparse columns as dictionary arrays straight from the dictionary pages.
+            schema = pq.read_schema(str(self.layout.path))
+            strings = [
+                name
+                for name, kind in self.types.items()
+                if kind == "string" and _is_text(schema.field(name).type)
+            ]
+            file = pq.ParquetFile(str(self.layout.path), read_dictionary=strings)
             groups = file.metadata.num_row_groups
             for done, group in enumerate(range(groups), start=1):
                 yield from file.iter_batches(
@@ -251,8 +258,10 @@ class FileStream:
 
     def _text(self) -> Iterator[pa.RecordBatch]:
         layout = self.layout
+        # Sparse columns come dictionary-encoded from the parser's own threads: each
+        # batch's distinct values, ready to be hashed once.
         arrow_types = {
-            name: pa.string() if kind == "string" else pa.float64()
+            name: pa.dictionary(pa.int32(), pa.string()) if kind == "string" else pa.float64()
             for name, kind in self.types.items()
         }
         read = pacsv.ReadOptions(
@@ -291,6 +300,15 @@ class FileStream:
         finally:
             stream.close()
             raw.close()
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    )
 
 
 # --- the error path: plain-Python re-reading -----------------------------------------------

@@ -481,3 +481,49 @@ def feature_key_reference(column_index: int, value: str) -> int:
     """The same key through :mod:`hashlib`: the formula as written, for tests and other feeders."""
     digest = hashlib.blake2b(f"{column_index}\x1f{value}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
+
+
+# --- filling a chunk's key matrix (the reader's fast path) ------------------------------------
+
+
+@njit(nogil=True)
+def _first_nul(
+    offsets: npt.NDArray[np.int64] | npt.NDArray[np.int32], data: npt.NDArray[np.uint8]
+) -> int:  # pragma: no cover - compiled
+    """Index of the first value containing a NUL byte, or -1."""
+    for i in range(offsets.shape[0] - 1):
+        for p in range(offsets[i], offsets[i + 1]):
+            if data[p] == 0:
+                return i
+    return -1
+
+
+def first_nul(values: pa.Array) -> int:
+    """Index of the first (large) string or binary value with a NUL byte; -1 when none
+    (or when ``values`` is not a string array)."""
+    if values.type not in _STRING_OFFSETS or len(values) == 0:
+        return -1
+    bufs = values.buffers()
+    n = len(values)
+    offsets = _buffer(bufs[1], _STRING_OFFSETS[values.type])[values.offset : values.offset + n + 1]
+    return int(_first_nul(offsets, _buffer(bufs[2], np.uint8)))
+
+
+_INDEX_TYPES = (pa.int16(), pa.int32(), pa.int64())
+
+
+def take_into(
+    dict_keys: Keys, dict_present: Mask, indices: pa.Array, keys: Keys, present: Mask
+) -> None:
+    """Write the keys of a dictionary array's cells (``indices`` into a dictionary whose
+    values have ``dict_keys``/``dict_present``) into ``keys``/``present``; a null index is
+    absent. One compiled call, no temporary arrays."""
+    n = len(indices)
+    if n == 0:
+        return
+    if indices.type not in _INDEX_TYPES:
+        indices = indices.cast(pa.int64())
+    index_values = np.frombuffer(indices.buffers()[1], dtype=indices.type.to_pandas_dtype())
+    index_values = index_values[indices.offset : indices.offset + n]
+    validity, bit_offset = _validity(indices)
+    _take(dict_keys, dict_present, index_values, validity, bit_offset, keys, present)
