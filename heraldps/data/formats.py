@@ -258,10 +258,8 @@ class FileStream:
 
     def _text(self) -> Iterator[pa.RecordBatch]:
         layout = self.layout
-        # Sparse columns come dictionary-encoded from the parser's own threads: each
-        # batch's distinct values, ready to be hashed once.
         arrow_types = {
-            name: pa.dictionary(pa.int32(), pa.string()) if kind == "string" else pa.float64()
+            name: pa.string() if kind == "string" else pa.float64()
             for name, kind in self.types.items()
         }
         read = pacsv.ReadOptions(
