@@ -258,19 +258,40 @@ def _convert(
             lo += n
         return seen
 
-    # Columns are independent: two threads fill them (numba releases the GIL) while
-    # pyarrow's threads parse the next blocks. Results come back in column order, so the
-    # first error raised is the first column's, as in a plain loop.
-    if rows >= _PARALLEL_ROWS:
-        found = list(_pool().map(fill, range(fields)))
-    else:
-        found = [fill(j) for j in range(fields)]
+    # Columns are independent: two threads fill them (numba releases the GIL) while this
+    # thread does the dense columns and pyarrow's threads parse the next blocks. Errors are
+    # raised in the plain loop's order: sparse columns in order, then dense, then labels.
+    futures = [_pool().submit(fill, j) for j in range(fields)] if rows >= _PARALLEL_ROWS else []
+    try:
+        dense = _dense(batches, plan, spec, first_record, observer)
+        dense_error = None
+    except DataError as exc:
+        dense, dense_error = None, exc
+    found = [f.result() for f in futures] if futures else [fill(j) for j in range(fields)]
+    if dense_error is not None:
+        raise dense_error
+    assert dense is not None
     if observer is not None:
         for j, parts in enumerate(found):
             for values, unique_keys, unique_present in parts:
                 observer.distinct.add(j, values, unique_keys, unique_present)
     offsets, keys, field_of = _csr(matrix, present)
+    labels = _labels(batches, plan, first_record)
+    arrays = (offsets, keys, labels, dense, field_of)
+    for array in arrays:
+        array.flags.writeable = False
+    return SparseDataset(offsets, keys, labels, dense, plan.sparse, plan.dense, fields=field_of)
 
+
+def _dense(
+    batches: Sequence[pa.RecordBatch],
+    plan: _Plan,
+    spec: DataSpec,
+    first_record: int,
+    observer: _Observer | None,
+) -> npt.NDArray[np.float32]:
+    """The dense columns of consecutive batches, checked (finite) and transformed."""
+    rows = sum(b.num_rows for b in batches)
     values = np.empty((len(plan.dense), rows), dtype=np.float64)
     for j, name in enumerate(plan.dense):
         lo = 0
@@ -290,12 +311,7 @@ def _convert(
         stats = None
     else:
         transform_names, stats = spec.transforms(), spec.dense_stats
-    dense = transforms.apply_columns(values, transform_names, stats, plan.dense)
-    labels = _labels(batches, plan, first_record)
-    arrays = (offsets, keys, labels, dense, field_of)
-    for array in arrays:
-        array.flags.writeable = False
-    return SparseDataset(offsets, keys, labels, dense, plan.sparse, plan.dense, fields=field_of)
+    return transforms.apply_columns(values, transform_names, stats, plan.dense)
 
 
 _TILE = 2048  # rows per CSR tile: a tile's output (about 400 KB) stays in L2
