@@ -414,7 +414,12 @@ def _chunks(
         layout = formats.open_layout(path, spec.format)
         plan = _plan(spec, layout)
         stream = formats.FileStream(
-            layout, plan.types, _block_size(batch_rows), batch_rows, plan.label
+            layout,
+            plan.types,
+            _block_size(batch_rows),
+            batch_rows,
+            plan.label,
+            limit=None if stop is None else stop - row,
         )
         known = _DictionaryKeys(len(plan.sparse), reuse=layout.kind.parquet)
         group: list[pa.RecordBatch] = []  # consecutive rows of this file, < batch_rows
