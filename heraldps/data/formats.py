@@ -218,9 +218,11 @@ class FileStream:
         block_size: int,
         batch_rows: int,
         label: str | None,
+        limit: int | None = None,
     ) -> None:
         self.layout = layout
         self.types = types
+        self.limit = limit  # records of this file the caller needs (None: all)
         self.block_size = block_size
         self.batch_rows = batch_rows
         self.label = label
@@ -235,7 +237,14 @@ class FileStream:
 
     def _parquet(self) -> Iterator[pa.RecordBatch]:
         try:
-            file = pq.ParquetFile(str(self.layout.path))
+            # String sparse columns as dictionary arrays straight from the dictionary pages.
+            schema = pq.read_schema(str(self.layout.path))
+            strings = [
+                name
+                for name, kind in self.types.items()
+                if kind == "string" and _is_text(schema.field(name).type)
+            ]
+            file = pq.ParquetFile(str(self.layout.path), read_dictionary=strings)
             groups = file.metadata.num_row_groups
             for done, group in enumerate(range(groups), start=1):
                 yield from file.iter_batches(
@@ -273,6 +282,11 @@ class FileStream:
             quoted_strings_can_be_null=False,
             null_values=[""],
         )
+        # csv: the last batch is held back until the end of the file is checked for a
+        # quote never closed (pyarrow reads the rest of the file into that one cell).
+        hold = layout.format == "csv"
+        emitted = 0  # records yielded so far
+        pending: pa.RecordBatch | None = None
         raw, stream = _open_stream(layout.path, layout.kind)
         try:
             try:
@@ -283,14 +297,66 @@ class FileStream:
                     try:
                         batch = reader.read_next_batch()
                     except StopIteration:
-                        return
+                        break
                     self.position = raw.tell()
+                    if hold:
+                        batch, pending = pending, batch
+                        if batch is None:
+                            continue
                     yield batch
+                    emitted += batch.num_rows
             except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-                raise diagnose(layout, self.types, self.label, str(exc)) from exc
+                if pending is not None:
+                    emitted += pending.num_rows  # pyarrow accepted it; a later block failed
+                yield from self._before_problem(emitted, str(exc))
+                return
         finally:
             stream.close()
             raw.close()
+        if pending is not None:
+            if _odd_quotes(layout):
+                found = first_problem(layout, self.types, self.label)
+                if found is not None and (self.limit is None or found[0] < self.limit):
+                    raise found[1]
+            yield pending
+
+    def _before_problem(self, emitted: int, message: str) -> Iterator[pa.RecordBatch]:
+        """pyarrow rejected a block: the records before the first bad one that the caller
+        still needs (``limit``), re-read in Python; else the bad record's error."""
+        layout = self.layout
+        found = first_problem(layout, self.types, self.label)
+        if found is None:
+            raise DataError(f"{layout.path}: {message}")
+        index, error = found
+        if self.limit is None or index < self.limit:
+            raise error
+        if emitted < self.limit:
+            yield records_batch(layout, self.types, emitted, self.limit)
+
+
+def _odd_quotes(layout: Layout) -> bool:
+    """Whether the text has an odd number of '"' (a quote never closed; escaped quotes come
+    in pairs). One more pass over the bytes, at C speed."""
+    raw, stream = _open_stream(layout.path, layout.kind)
+    count = 0
+    try:
+        while True:
+            block = stream.read(1 << 22)
+            if not block:
+                return count % 2 == 1
+            count += block.count(b'"')
+    finally:
+        stream.close()
+        raw.close()
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    )
 
 
 # --- the error path: plain-Python re-reading -----------------------------------------------
@@ -369,6 +435,12 @@ def _csv_records(
         except StopIteration:
             return
         except csv.Error as exc:
+            if "unexpected end of data" in str(exc) and count < len(numbers):
+                raise DataError(
+                    f"{layout.path}:{numbers[count]}: a quoted field opened on this line is "
+                    "never closed (unbalanced '\"' quote, the rest of the file would be one "
+                    'cell); close the quote, or write a literal quote as ""'
+                ) from exc
             raise DataError(
                 f"{layout.path}:{numbers[-1] if numbers else 1}: malformed CSV ({exc}); "
                 "fix the quoting on this line"
@@ -414,27 +486,61 @@ def cell_problem(role: str, column: str, text: str) -> str | None:
     return None
 
 
-def find_problem(layout: Layout, types: dict[str, str], label: str | None) -> DataError | None:
-    """The first bad record of a text file, found by a slow re-read (error path only):
-    wrong field count, NUL byte, invalid UTF-8, unusable dense or label cell."""
+def first_problem(
+    layout: Layout, types: dict[str, str], label: str | None
+) -> tuple[int, DataError] | None:
+    """(record index, error) of the first bad record of a text file, found by a slow
+    re-read (error path only): wrong field count, NUL byte, invalid UTF-8, unusable dense
+    or label cell, a quote never closed."""
     checks = [
         (layout.columns.index(name), "label" if name == label else "dense", name)
         for name, kind in types.items()
         if kind == "float"
     ]
     expected = len(layout.columns)
+    seen = 0  # records read whole so far: an exception belongs to record ``seen``
     try:
         for index, (number, fields) in enumerate(records(layout)):
+            seen = index
             if len(fields) != expected:
                 text = layout.delimiter.join(fields) if index == 0 and not layout.header else None
-                return DataError(_field_count_message(layout, number, len(fields), text))
+                return index, DataError(_field_count_message(layout, number, len(fields), text))
             for position, role, name in checks:
                 problem = cell_problem(role, name, fields[position])
                 if problem:
-                    return DataError(f"{layout.path}:{number}:{position + 1}: {problem}")
+                    return index, DataError(f"{layout.path}:{number}:{position + 1}: {problem}")
+            seen = index + 1
     except DataError as exc:
-        return exc
+        return seen, exc
     return None
+
+
+def find_problem(layout: Layout, types: dict[str, str], label: str | None) -> DataError | None:
+    """The first bad record's error (``first_problem``), or None."""
+    found = first_problem(layout, types, label)
+    return None if found is None else found[1]
+
+
+def records_batch(layout: Layout, types: dict[str, str], first: int, stop: int) -> pa.RecordBatch:
+    """Data records ``[first, stop)`` re-read in plain Python (all before the first bad
+    record) as the RecordBatch pyarrow would have made: strings as written, numbers by
+    Arrow's own string -> float64 cast, "" missing. Error path only."""
+    cells: dict[str, list[str]] = {name: [] for name in types}
+    positions = {name: layout.columns.index(name) for name in types}
+    for index, (_, fields) in enumerate(records(layout)):
+        if index >= stop:
+            break
+        if index >= first:
+            for name, position in positions.items():
+                cells[name].append(fields[position])
+    arrays = []
+    for name, kind in types.items():
+        if kind == "string":
+            arrays.append(pa.array(cells[name], type=pa.string()))
+        else:
+            texts = pa.array([t if t else None for t in cells[name]], type=pa.string())
+            arrays.append(texts.cast(pa.float64()))
+    return pa.RecordBatch.from_arrays(arrays, names=list(types))
 
 
 def diagnose(layout: Layout, types: dict[str, str], label: str | None, fallback: str) -> DataError:

@@ -33,6 +33,7 @@ files from NVTabular or Spark carry them) gets the key of its decimal text, so
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,8 @@ _IV = np.array(
 # fanout 1, key length 0, digest length 8 (RFC 7693, 2.5).
 _H0_PARAM = np.uint64(0x01010008)
 _BLOCK = 128
+if sys.byteorder != "little":  # the kernels read message words through a byte view
+    raise ImportError("heraldps.data.keys needs a little-endian machine")
 _MAX_INT_DIGITS = 20  # len(str(2**64 - 1)); int64 needs 19 digits plus a sign
 
 
@@ -213,8 +216,10 @@ def _blake2b64(
     """BLAKE2b-64 of ``prefix + data[start:stop]`` as a little-endian int64.
 
     ``h`` (8 words) and ``m`` (16 words) are scratch space owned by the caller,
-    so hashing a value allocates nothing.
+    so hashing a value allocates nothing. The message bytes are copied into ``m``'s
+    bytes (a little-endian view: the words BLAKE2b reads), one byte store each.
     """
+    block = m.view(np.uint8)
     p = prefix.shape[0]
     total = p + (stop - start)
     for i in range(8):
@@ -226,11 +231,10 @@ def _blake2b64(
         for i in range(16):
             m[i] = np.uint64(0)
         for j in range(done, min(end, p)):  # prefix bytes in this block
-            k = j - done
-            m[k >> 3] |= np.uint64(prefix[j]) << np.uint64((k & 7) * 8)
-        for j in range(max(done, p), end):  # value bytes in this block
-            k = j - done
-            m[k >> 3] |= np.uint64(data[start + j - p]) << np.uint64((k & 7) * 8)
+            block[j - done] = prefix[j]
+        base = start - p + done  # data index of block byte 0
+        for k in range(max(done, p) - done, end - done):  # value bytes in this block
+            block[k] = data[base + k]
         last = end == total
         _compress(h, m, np.uint64(end), last)
         if last:
@@ -481,3 +485,239 @@ def feature_key_reference(column_index: int, value: str) -> int:
     """The same key through :mod:`hashlib`: the formula as written, for tests and other feeders."""
     digest = hashlib.blake2b(f"{column_index}\x1f{value}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
+
+
+# --- filling a chunk's key matrix (the reader's fast path) ------------------------------------
+
+
+@njit(nogil=True)
+def _first_nul(
+    offsets: npt.NDArray[np.int64] | npt.NDArray[np.int32], data: npt.NDArray[np.uint8]
+) -> int:  # pragma: no cover - compiled
+    """Index of the first value containing a NUL byte, or -1."""
+    for i in range(offsets.shape[0] - 1):
+        for p in range(offsets[i], offsets[i + 1]):
+            if data[p] == 0:
+                return i
+    return -1
+
+
+def first_nul(values: pa.Array) -> int:
+    """Index of the first (large) string or binary value with a NUL byte; -1 when none
+    (or when ``values`` is not a string array)."""
+    if values.type not in _STRING_OFFSETS or len(values) == 0:
+        return -1
+    bufs = values.buffers()
+    n = len(values)
+    offsets = _buffer(bufs[1], _STRING_OFFSETS[values.type])[values.offset : values.offset + n + 1]
+    return int(_first_nul(offsets, _buffer(bufs[2], np.uint8)))
+
+
+def is_text(kind: pa.DataType) -> bool:
+    """A (large) string or binary type: what ``KeyCache.fill`` reads."""
+    return kind in _STRING_OFFSETS
+
+
+_INDEX_TYPES = (pa.int16(), pa.int32(), pa.int64())
+
+
+def take_into(
+    dict_keys: Keys, dict_present: Mask, indices: pa.Array, keys: Keys, present: Mask
+) -> None:
+    """Write the keys of a dictionary array's cells (``indices`` into a dictionary whose
+    values have ``dict_keys``/``dict_present``) into ``keys``/``present``; a null index is
+    absent. One compiled call, no temporary arrays."""
+    n = len(indices)
+    if n == 0:
+        return
+    if indices.type not in _INDEX_TYPES:
+        indices = indices.cast(pa.int64())
+    index_values = np.frombuffer(indices.buffers()[1], dtype=indices.type.to_pandas_dtype())
+    index_values = index_values[indices.offset : indices.offset + n]
+    validity, bit_offset = _validity(indices)
+    _take(dict_keys, dict_present, index_values, validity, bit_offset, keys, present)
+
+
+# --- a bounded per-column cache of (value -> key), for plain string columns --------------------
+
+_INLINE = 16  # values up to this many bytes are cached (Criteo's and Avazu's all are)
+_FIRST_SLOTS = 1 << 12
+_MAX_SLOTS = 1 << 18  # 8 MB a column at 32 bytes a slot; a full table is cleared, not grown
+_FULL = -2
+
+
+@njit(nogil=True, inline="always")
+def _word(data: npt.NDArray[np.uint8], start: int, stop: int) -> np.uint64:  # pragma: no cover
+    """Bytes ``data[start:stop]`` (at most 8) as a little-endian word, zero-padded."""
+    w = np.uint64(0)
+    for p in range(start, stop):
+        w |= np.uint64(data[p]) << np.uint64((p - start) * 8)
+    return w
+
+
+@njit(nogil=True, inline="always")
+def _log2(n: int) -> int:  # pragma: no cover - compiled
+    b = 0
+    while (1 << b) < n:
+        b += 1
+    return b
+
+
+@njit(nogil=True, inline="always")
+def _slot(
+    w0: np.uint64, w1: np.uint64, tag: np.uint64, shift: np.uint64
+) -> np.uint64:  # pragma: no cover
+    """Fibonacci hashing of the value's words: the top bits of one multiply."""
+    x = (w0 ^ (w1 * np.uint64(0xC2B2AE3D27D4EB4F)) ^ tag) * np.uint64(0x9E3779B97F4A7C15)
+    return x >> shift
+
+
+@njit(nogil=True)
+def _cached_strings(
+    prefix: npt.NDArray[np.uint8],
+    offsets: npt.NDArray[np.int64] | npt.NDArray[np.int32],
+    data: npt.NDArray[np.uint8],
+    validity: npt.NDArray[np.uint8],
+    bit_offset: int,
+    table: npt.NDArray[np.uint64],
+    count: npt.NDArray[np.int64],
+    begin: int,
+    keys: Keys,
+    present: Mask,
+) -> int:  # pragma: no cover - compiled
+    """Keys of cells ``begin..`` of a string array through ``table`` (slots of 4 words:
+    value bytes 0-7, 8-15, length + 1 (0: empty slot), key), hashing only values not in it.
+
+    Returns -1 when done; the index of the first cell whose value has a NUL byte (nothing
+    from there on is written); or ``_FULL - i`` when the table passed half full after
+    cell ``i`` (the caller grows or clears it and resumes at ``i + 1``)."""
+    h = np.empty(8, dtype=np.uint64)
+    m = np.empty(16, dtype=np.uint64)
+    check = validity.shape[0] > 0
+    mask = np.uint64(table.shape[0] - 1)
+    shift = np.uint64(64 - _log2(table.shape[0]))
+    limit = table.shape[0] // 2
+    one = np.uint64(1)
+    for i in range(begin, keys.shape[0]):
+        start = offsets[i]
+        stop = offsets[i + 1]
+        length = stop - start
+        if length <= 0 or (check and not _bit(validity, bit_offset + i)):
+            keys[i] = 0
+            present[i] = False
+            continue
+        present[i] = True
+        if length > _INLINE:
+            for p in range(start, stop):
+                if data[p] == 0:
+                    return i
+            keys[i] = _blake2b64(prefix, data, start, stop, h, m)
+            continue
+        w0 = _word(data, start, min(start + 8, stop))
+        w1 = _word(data, start + 8, stop) if length > 8 else np.uint64(0)
+        tag = np.uint64(length + 1)
+        s = _slot(w0, w1, tag, shift)
+        while True:
+            if table[s, 2] == 0:  # not cached: hash it (after the NUL check) and remember
+                for p in range(start, stop):
+                    if data[p] == 0:
+                        return i
+                key = _blake2b64(prefix, data, start, stop, h, m)
+                table[s, 0] = w0
+                table[s, 1] = w1
+                table[s, 2] = tag
+                table[s, 3] = np.uint64(key)
+                keys[i] = key
+                count[0] += 1
+                if count[0] >= limit:
+                    return _FULL - i
+                break
+            if table[s, 2] == tag and table[s, 0] == w0 and table[s, 1] == w1:
+                keys[i] = np.int64(table[s, 3])
+                break
+            s = (s + one) & mask
+    return -1
+
+
+@njit(nogil=True)
+def _rehash(old: npt.NDArray[np.uint64], table: npt.NDArray[np.uint64]) -> int:  # pragma: no cover
+    """Move every slot of ``old`` into the empty, larger ``table``; returns the count."""
+    mask = np.uint64(table.shape[0] - 1)
+    shift = np.uint64(64 - _log2(table.shape[0]))
+    one = np.uint64(1)
+    moved = 0
+    for r in range(old.shape[0]):
+        tag = old[r, 2]
+        if tag == 0:
+            continue
+        w0 = old[r, 0]
+        w1 = old[r, 1]
+        s = _slot(w0, w1, tag, shift)
+        while table[s, 2] != 0:
+            s = (s + one) & mask
+        for c in range(4):
+            table[s, c] = old[r, c]
+        moved += 1
+    return moved
+
+
+class KeyCache:
+    """The keys of one sparse column's recent values: a compiled open-addressing table of
+    (value up to 16 bytes -> key), so a value seen before costs a probe (tens of ns) instead
+    of a BLAKE2b (about 170 ns). It grows from 4k to 256k slots (8 MB) and is cleared when
+    full, so its memory is bounded whatever the file's size; keys are exact (a hit needs the
+    same bytes), so the cache changes only the speed."""
+
+    def __init__(self, column_index: int) -> None:
+        self.prefix = _prefix(column_index)
+        self.column_index = column_index
+        self.table = np.zeros((_FIRST_SLOTS, 4), dtype=np.uint64)
+        self.count = np.zeros(1, dtype=np.int64)
+
+    def fill(self, values: pa.Array, keys: Keys, present: Mask) -> int:
+        """Write the key and presence of every cell of a (large) string or binary array
+        into ``keys``/``present`` (same length). Returns the index of the first cell with
+        a NUL byte (then the rest is not written), or -1."""
+        n = len(values)
+        if n == 0:
+            return -1
+        if values.type not in _STRING_OFFSETS:
+            k, p = column_keys(self.column_index, values)
+            keys[:] = k
+            present[:] = p
+            return -1
+        bufs = values.buffers()
+        offsets = _buffer(bufs[1], _STRING_OFFSETS[values.type])
+        offsets = offsets[values.offset : values.offset + n + 1]
+        data = _buffer(bufs[2], np.uint8)
+        validity, bit_offset = _validity(values)
+        begin = 0
+        while True:
+            status = int(
+                _cached_strings(
+                    self.prefix,
+                    offsets,
+                    data,
+                    validity,
+                    bit_offset,
+                    self.table,
+                    self.count,
+                    begin,
+                    keys,
+                    present,
+                )
+            )
+            if status > _FULL:
+                return status
+            begin = _FULL - status + 1
+            self._make_room()
+
+    def _make_room(self) -> None:
+        slots = self.table.shape[0]
+        if slots >= _MAX_SLOTS:
+            self.table[:, 2] = 0
+            self.count[0] = 0
+            return
+        table = np.zeros((min(slots * 4, _MAX_SLOTS), 4), dtype=np.uint64)
+        self.count[0] = _rehash(self.table, table)
+        self.table = table

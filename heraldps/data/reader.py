@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,14 @@ from heraldps.data import formats, transforms
 from heraldps.data.dataset import SparseDataset, concat
 from heraldps.data.distinct import DistinctCounter
 from heraldps.data.errors import DataError
-from heraldps.data.keys import column_keys
+from heraldps.data.keys import KeyCache, column_keys, first_nul, is_text, take_into
 from heraldps.data.sources import files_of
 from heraldps.data.spec import DataSpec, DenseStats
 from heraldps.jit import njit
 
 Progress = Callable[[int, int, int], None]
+Keys = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
 
 # pyarrow parses text in blocks of 1-4 MB (measured: larger blocks parse slower, out of cache).
 _BYTES_PER_ROW = 64
@@ -149,63 +152,169 @@ def _bad(plan: _Plan, record: int, column: str, what: str) -> DataError:
     return DataError(f"{layout.path}:{line}:{layout.position(column)}: {what}")
 
 
+class _DictionaryKeys:
+    """Per sparse column: a value -> key cache for plain string cells, and the last
+    dictionary hashed and its keys. Parquet gives every batch
+    of a row group the row group's dictionary (growing where pages fall back to plain
+    encoding), so a dictionary that starts with the previous one has only its tail hashed."""
+
+    def __init__(self, fields: int, reuse: bool) -> None:
+        self.reuse = reuse
+        self.caches = [KeyCache(j) for j in range(fields)]
+        self.last: list[tuple[pa.Array, Keys, Mask] | None] = [None] * fields
+
+    def keys(self, j: int, dictionary: pa.Array) -> tuple[Keys, Mask, int]:
+        """(keys, present) of every dictionary value, and the first value not seen before."""
+        last = self.last[j]
+        if last is not None:
+            known, known_keys, known_present = last
+            m = len(known)
+            if len(dictionary) >= m and dictionary.slice(0, m).equals(known):
+                if len(dictionary) == m:
+                    return known_keys, known_present, m
+                tail_keys, tail_present = column_keys(j, dictionary.slice(m), distinct=True)
+                keys = np.concatenate([known_keys, tail_keys])
+                present = np.concatenate([known_present, tail_present])
+                self.last[j] = (dictionary, keys, present)
+                return keys, present, m
+        keys, present = column_keys(j, dictionary, distinct=True)
+        if self.reuse:
+            self.last[j] = (dictionary, keys, present)
+        return keys, present, 0
+
+
+_PARALLEL_ROWS = 4096  # smaller chunks convert on the calling thread alone
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The converter threads (two: the machines we target have 2-4 cores, and pyarrow's
+    parser threads need the rest), started once per process."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="heraldps-data")
+        return _POOL
+
+
 def _convert(
-    batch: pa.RecordBatch,
+    batches: Sequence[pa.RecordBatch],
     plan: _Plan,
     spec: DataSpec,
     first_record: int,
     observer: _Observer | None,
+    known: _DictionaryKeys | None = None,
 ) -> SparseDataset:
-    """One RecordBatch as a SparseDataset, checking labels, dense cells and NUL bytes."""
-    rows = batch.num_rows
+    """Consecutive RecordBatches of one file as one SparseDataset, checking labels, dense
+    cells and NUL bytes. Per sparse column and batch: hash the dictionary's values once and
+    gather the cells' keys into the chunk's key matrix (two compiled calls)."""
+    rows = sum(b.num_rows for b in batches)
     fields = len(plan.sparse)
+    if known is None:
+        known = _DictionaryKeys(fields, reuse=False)
     matrix = np.empty((fields, rows), dtype=np.int64)
     present = np.empty((fields, rows), dtype=bool)
-    for j, name in enumerate(plan.sparse):
-        column = batch.column(name)
-        encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
-        dictionary = encoded.dictionary
-        if pa.types.is_string(dictionary.type) or pa.types.is_large_string(dictionary.type):
-            nul = pc.match_substring(dictionary, "\x00")
-            if pc.any(nul).as_py():
-                row = _first_row(encoded, nul)
-                raise _bad(plan, first_record + row, name, f"sparse column {name!r} has a NUL")
-        unique_keys, unique_present = column_keys(j, dictionary)
-        indices = encoded.indices
-        if indices.null_count:
-            valid = indices.is_valid().to_numpy(zero_copy_only=False)
-            index = indices.fill_null(0).to_numpy()
-            matrix[j] = unique_keys[index]
-            present[j] = unique_present[index] & valid
-        else:
-            index = indices.to_numpy()
-            matrix[j] = unique_keys[index]
-            present[j] = unique_present[index]
-        if observer is not None:
-            observer.distinct.add(j, dictionary, unique_keys, unique_present)
-    offsets, keys, field_of = _csr(matrix, present)
 
-    dense = np.empty((rows, len(plan.dense)), dtype=np.float32)
-    transform_names = spec.transforms()
-    stats = spec.dense_stats
-    for j, name in enumerate(plan.dense):
-        values = _float_column(batch.column(name))
-        bad = np.isinf(values)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            raise _bad(plan, first_record + row, name, f"dense column {name!r} is not finite")
-        if observer is not None:
-            observer.stats[j].add(values)
-            dense[:, j] = transforms.apply(values, "raw", None, name)
-        else:
-            dense[:, j] = transforms.apply(
-                values, transform_names[j], None if stats is None else stats[j], name
+    def fill(j: int) -> list[tuple[pa.Array, Keys, Mask]]:
+        """Column j's keys into matrix[j] (compiled, GIL released); its new dictionary
+        values and their keys for the observer."""
+        name = plan.sparse[j]
+        seen = []
+        lo = 0
+        for batch in batches:
+            column = batch.column(name)
+            n = len(column)
+            if observer is None and is_text(column.type):
+                # Plain strings (CSV): through the column's value -> key cache, straight into
+                # the matrix; the parser did not have to dictionary-encode them.
+                nul = known.caches[j].fill(column, matrix[j, lo : lo + n], present[j, lo : lo + n])
+                if nul >= 0:
+                    raise _bad(
+                        plan, first_record + lo + nul, name, f"sparse column {name!r} has a NUL"
+                    )
+                lo += n
+                continue
+            encoded = (
+                column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
             )
-    labels = _labels(batch, plan, first_record)
+            dictionary = encoded.dictionary
+            unique_keys, unique_present, new = known.keys(j, dictionary)
+            if new < len(dictionary):
+                nul = first_nul(dictionary.slice(new))
+                if nul >= 0:
+                    row = _first_row(encoded, new + nul)
+                    record = first_record + lo + row
+                    raise _bad(plan, record, name, f"sparse column {name!r} has a NUL")
+                if observer is not None:
+                    seen.append((dictionary.slice(new), unique_keys[new:], unique_present[new:]))
+            take_into(
+                unique_keys,
+                unique_present,
+                encoded.indices,
+                matrix[j, lo : lo + n],
+                present[j, lo : lo + n],
+            )
+            lo += n
+        return seen
+
+    # Columns are independent: two threads fill them (numba releases the GIL) while this
+    # thread does the dense columns and pyarrow's threads parse the next blocks. Errors are
+    # raised in the plain loop's order: sparse columns in order, then dense, then labels.
+    futures = [_pool().submit(fill, j) for j in range(fields)] if rows >= _PARALLEL_ROWS else []
+    try:
+        dense = _dense(batches, plan, spec, first_record, observer)
+        dense_error = None
+    except DataError as exc:
+        dense, dense_error = None, exc
+    found = [f.result() for f in futures] if futures else [fill(j) for j in range(fields)]
+    if dense_error is not None:
+        raise dense_error
+    assert dense is not None
+    if observer is not None:
+        for j, parts in enumerate(found):
+            for values, unique_keys, unique_present in parts:
+                observer.distinct.add(j, values, unique_keys, unique_present)
+    offsets, keys, field_of = _csr(matrix, present)
+    labels = _labels(batches, plan, first_record)
     arrays = (offsets, keys, labels, dense, field_of)
     for array in arrays:
         array.flags.writeable = False
     return SparseDataset(offsets, keys, labels, dense, plan.sparse, plan.dense, fields=field_of)
+
+
+def _dense(
+    batches: Sequence[pa.RecordBatch],
+    plan: _Plan,
+    spec: DataSpec,
+    first_record: int,
+    observer: _Observer | None,
+) -> npt.NDArray[np.float32]:
+    """The dense columns of consecutive batches, checked (finite) and transformed."""
+    rows = sum(b.num_rows for b in batches)
+    values = np.empty((len(plan.dense), rows), dtype=np.float64)
+    for j, name in enumerate(plan.dense):
+        lo = 0
+        for batch in batches:
+            n = batch.num_rows
+            values[j, lo : lo + n] = _float_column(batch.column(name))
+            lo += n
+    bad = np.isinf(values)
+    if bad.any():
+        j, row = (int(i[0]) for i in np.nonzero(bad))
+        name = plan.dense[j]
+        raise _bad(plan, first_record + row, name, f"dense column {name!r} is not finite")
+    if observer is not None:
+        for j in range(len(plan.dense)):
+            observer.stats[j].add(values[j])
+        transform_names: tuple[str, ...] = ("raw",) * len(plan.dense)
+        stats = None
+    else:
+        transform_names, stats = spec.transforms(), spec.dense_stats
+    return transforms.apply_columns(values, transform_names, stats, plan.dense)
+
+
+_TILE = 2048  # rows per CSR tile: a tile's output (about 400 KB) stays in L2
 
 
 @njit(nogil=True)
@@ -216,26 +325,31 @@ def _csr_fill(
     keys: npt.NDArray[np.int64],
     fields: npt.NDArray[np.int32],
 ) -> None:  # pragma: no cover - compiled
-    """Row-major CSR of the present cells of a [fields, rows] key matrix, reading the
-    matrix field by field (contiguous) with a write cursor per row."""
+    """Row-major CSR of the present cells of a [fields, rows] key matrix. Rows go in
+    tiles of ``_TILE``: within a tile the matrix is read field by field (contiguous) and the
+    scattered writes stay in cache."""
     n_fields, rows = matrix.shape
-    cursor = np.zeros(rows, dtype=np.int64)
-    for j in range(n_fields):
-        for r in range(rows):
-            cursor[r] += present[j, r]
+    cursor = np.empty(_TILE, dtype=np.int64)
     k = 0
-    for r in range(rows):
-        offsets[r] = k
-        k += cursor[r]
-        cursor[r] = offsets[r]
+    for t0 in range(0, rows, _TILE):
+        t1 = min(t0 + _TILE, rows)
+        for r in range(t0, t1):
+            cursor[r - t0] = 0
+        for j in range(n_fields):
+            for r in range(t0, t1):
+                cursor[r - t0] += present[j, r]
+        for r in range(t0, t1):
+            offsets[r] = k
+            k += cursor[r - t0]
+            cursor[r - t0] = offsets[r]
+        for j in range(n_fields):
+            for r in range(t0, t1):
+                if present[j, r]:
+                    c = cursor[r - t0]
+                    keys[c] = matrix[j, r]
+                    fields[c] = j
+                    cursor[r - t0] = c + 1
     offsets[rows] = k
-    for j in range(n_fields):
-        for r in range(rows):
-            if present[j, r]:
-                c = cursor[r]
-                keys[c] = matrix[j, r]
-                fields[c] = j
-                cursor[r] = c + 1
 
 
 def _csr(
@@ -250,26 +364,30 @@ def _csr(
     return offsets, keys, fields
 
 
-def _first_row(encoded: pa.Array, unique_mask: pa.Array) -> int:
-    bad = np.asarray(unique_mask.to_numpy(zero_copy_only=False), dtype=bool)
-    index = encoded.indices.fill_null(0).to_numpy()
-    return int(np.flatnonzero(bad[index])[0])
+def _first_row(encoded: pa.Array, value: int) -> int:
+    """The first cell of a dictionary array whose index is ``value`` (error path)."""
+    index = encoded.indices.fill_null(-1).to_numpy()
+    return int(np.flatnonzero(index == value)[0])
 
 
-def _labels(batch: pa.RecordBatch, plan: _Plan, first_record: int) -> npt.NDArray[np.float32]:
+def _labels(
+    batches: Sequence[pa.RecordBatch], plan: _Plan, first_record: int
+) -> npt.NDArray[np.float32]:
+    rows = sum(b.num_rows for b in batches)
     if plan.label is None:
-        return np.zeros(batch.num_rows, dtype=np.float32)
-    values = _float_column(batch.column(plan.label))
+        return np.zeros(rows, dtype=np.float32)
+    label = plan.label
+    values = np.concatenate([_float_column(b.column(label)) for b in batches])
     bad = (values != 0.0) & (values != 1.0)  # NaN (missing) is bad too
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         value = values[row]
         what = (
-            f"label {plan.label!r} is empty; every row needs a label 0 or 1"
+            f"label {label!r} is empty; every row needs a label 0 or 1"
             if np.isnan(value)
-            else f"label {plan.label!r} is {value!r}; labels must be 0 or 1"
+            else f"label {label!r} is {value!r}; labels must be 0 or 1"
         )
-        raise _bad(plan, first_record + row, plan.label, what)
+        raise _bad(plan, first_record + row, label, what)
     return values.astype(np.float32)
 
 
@@ -279,7 +397,8 @@ def _chunks(
     observer: _Observer | None = None,
     progress: Progress | None = None,
 ) -> Iterator[SparseDataset]:
-    """Converted pieces (one per pyarrow batch) of rows [start_row, stop_row), in order."""
+    """Converted pieces of rows [start_row, stop_row), in order: ``batch_rows`` rows each
+    (several pyarrow blocks converted as one), shorter only at the end of a file."""
     if batch_rows < 1:
         raise DataError(f"batch_rows must be >= 1, got {batch_rows}")
     if observer is None:
@@ -295,22 +414,41 @@ def _chunks(
         layout = formats.open_layout(path, spec.format)
         plan = _plan(spec, layout)
         stream = formats.FileStream(
-            layout, plan.types, _block_size(batch_rows), batch_rows, plan.label
+            layout,
+            plan.types,
+            _block_size(batch_rows),
+            batch_rows,
+            plan.label,
+            limit=None if stop is None else stop - row,
         )
+        known = _DictionaryKeys(len(plan.sparse), reuse=layout.kind.parquet)
+        group: list[pa.RecordBatch] = []  # consecutive rows of this file, < batch_rows
+        have = 0
+        first = 0  # the file's record number of the group's first row
         record = 0
         for batch in _prefetch(iter(stream)) if _PREFETCH else stream:
             n = batch.num_rows
             lo = max(start - row, 0)
             hi = n if stop is None else min(stop - row, n)
-            if lo < hi:
-                part = batch if (lo, hi) == (0, n) else batch.slice(lo, hi - lo)
-                yield _convert(part, plan, spec, record + lo, observer)
+            while lo < hi:  # fill groups of exactly batch_rows, converted as one chunk
+                if not group:
+                    first = record + lo
+                take = min(batch_rows - have, hi - lo)
+                group.append(batch if (lo, take) == (0, n) else batch.slice(lo, take))
+                have += take
+                lo += take
+                if have == batch_rows:
+                    yield _convert(group, plan, spec, first, observer, known)
+                    group, have = [], 0
             record += n
             row += n
             if progress is not None:
                 progress(row, done_bytes + stream.position, total_bytes)
             if stop is not None and row >= stop:
                 break
+        if group:
+            yield _convert(group, plan, spec, first, observer, known)
+            group = []
         if record == 0:
             _empty(layout, len(files))
         done_bytes += stream.size
@@ -484,7 +622,7 @@ def check(spec: DataSpec) -> list[Path]:
             _empty(layout, len(files))
             continue
         rows += batch.num_rows
-        _convert(batch, plan, spec, 0, _Observer(plan.sparse, plan.dense))
+        _convert([batch], plan, spec, 0, _Observer(plan.sparse, plan.dense))
     if rows == 0:
         raise DataError(f"{spec.source}: no file has data rows; point at the data")
     return files

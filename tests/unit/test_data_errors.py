@@ -95,7 +95,7 @@ CASES: list[tuple[str, str | bytes, dict[str, Any], str]] = [
         "unnamed.csv",
         "y,c\n1,a\n",
         CSV | {"label_column": None},
-        r"unnamed\.csv: format 'csv' needs label_column .* no_label",
+        r"unnamed\.csv: format 'csv' needs label_column .*no.label",
     ),
     (
         "label2.csv",

@@ -240,3 +240,58 @@ def test_distinct_values_hash_as_they_are() -> None:
     assert got == expected(8, values)
     ids = pa.array(list(range(-100, 400)), type=pa.int64())
     assert as_lists(column_keys(8, ids, distinct=True)) == as_lists(column_keys(8, ids))
+
+
+# --- KeyCache: the reader's value -> key cache for plain string columns ---------------------
+
+
+def cache_fill(cache: keys_module.KeyCache, values: pa.Array) -> tuple[int, list[int], list[bool]]:
+    keys = np.full(len(values), -7, dtype=np.int64)
+    present = np.zeros(len(values), dtype=np.bool_)
+    nul = cache.fill(values, keys, present)
+    return nul, keys.tolist(), present.tolist()
+
+
+def test_key_cache_gives_the_formula_through_growth_and_clearing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(keys_module, "_MAX_SLOTS", 1 << 13)  # 4096 -> 8192, then cleared
+    rng = np.random.default_rng(3)
+    vocab = [f"{i:x}" for i in range(20_000)]
+    cache = keys_module.KeyCache(7)
+    for _ in range(4):  # repeats hit, new values miss; the table grows once, then clears
+        values = [vocab[i] for i in rng.integers(0, len(vocab), 6_000)]
+        nul, keys, present = cache_fill(cache, pa.array(values))
+        assert nul == -1 and (keys, present) == expected(7, values)
+    assert cache.table.shape[0] == 1 << 13
+    assert 0 < cache.count[0] < (1 << 13) // 2
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string(), pa.binary()])
+def test_key_cache_edge_values(kind: pa.DataType) -> None:
+    # empty and null absent; 8/9/16/17-byte values (the inline words and the uncached path);
+    # values equal up to zero padding stay distinct; a slice reads its own offsets
+    values = [
+        "a", "", None, "abcdefgh", "abcdefghi", "0123456789abcdef", "0123456789abcdefg",
+        "a", "é", "abcdefgh", "x" * 100, "x" * 100, "ab", "ab\x01",
+    ]  # fmt: skip
+    data = [v.encode() if v is not None and kind == pa.binary() else v for v in values]
+    cache = keys_module.KeyCache(2)
+    array = pa.array(data, type=kind)
+    for part, want in ((array, values), (array.slice(3, 8), values[3:11])):
+        nul, keys, present = cache_fill(cache, part)
+        assert nul == -1 and (keys, present) == expected(2, want)
+
+
+def test_key_cache_reports_the_first_nul_cell() -> None:
+    cache = keys_module.KeyCache(0)
+    nul, _, _ = cache_fill(cache, pa.array(["a", "b\x00c", "x" * 20 + "\x00"]))
+    assert nul == 1
+    nul, _, _ = cache_fill(cache, pa.array(["a", "x" * 20 + "\x00"]))
+    assert nul == 1
+
+
+def test_key_cache_falls_back_for_other_types() -> None:
+    cache = keys_module.KeyCache(4)
+    nul, keys, present = cache_fill(cache, pa.array([7, None, -1]))
+    assert nul == -1 and (keys, present) == expected(4, ["7", None, "-1"])

@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heraldps.data import DataError, DataSpec, SparseDataset, read_all
+from heraldps.data import DataError, DataSpec, SparseDataset, read_all, stream
+from heraldps.data.dataset import concat
 from heraldps.data.keys import feature_key
 from heraldps.data.spec import AVAZU_COLUMNS
 
@@ -161,16 +162,32 @@ def test_a_bad_line_after_the_rows_read_is_an_error_without_stop_row(tmp_path: P
         read(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="regression: the old reader's max_rows=2 stopped before a bad line 3; stop_row=2 "
-    "fails because pyarrow parses (and rejects) the whole 1-4 MB block holding line 3",
-)
 def test_stop_row_stops_before_a_bad_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.tsv"
     good = criteo_line("1", "3", "abc")
     path.write_text(good + good + "\t".join(["0"] * 39) + "\n" + good)
     assert read(path, stop_row=2).rows == 2
+
+
+def test_stop_row_before_a_bad_line_blocks_into_the_file(tmp_path: Path) -> None:
+    # 9,000 rows (about 1.5 MB: two 1 MB parse blocks at batch_rows=1000), a ragged line at
+    # row 8,000: a stop_row before it reads exactly the rows a clean file gives; past it, the
+    # error
+    lines = [criteo_line(str(i % 2), str(i), f"v{i % 97}") for i in range(9_000)]
+    clean = tmp_path / "clean.tsv"
+    clean.write_text("".join(lines[:7_999]))
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("".join(lines[:7_999]) + "\t".join(["0"] * 39) + "\n" + "".join(lines[8_000:]))
+    want = read(clean)
+    for stop in (7_999, 5_000, 100):
+        spec = DataSpec(str(bad), "criteo", start_row=10, stop_row=stop)
+        got = concat(list(stream(spec, batch_rows=1000)))
+        assert got.rows == stop - 10
+        assert np.array_equal(got.keys, want.row_slice(10, stop).keys)
+        assert np.array_equal(got.dense, want.dense[10:stop])
+        assert np.array_equal(got.labels, want.labels[10:stop])
+    with pytest.raises(DataError, match=r"bad\.tsv:8000: expected 40 tab-separated fields"):
+        read(bad, stop_row=8_001)
 
 
 def test_criteo_dense_is_log1p_of_clipped_value(tmp_path: Path) -> None:
@@ -262,11 +279,6 @@ def test_csv_quoted_names_and_cells_labels_and_dense(tmp_path: Path) -> None:
     assert unlabeled.labels.tolist() == [0.0, 0.0, 0.0] and unlabeled.dense.shape == (3, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="regression: an unclosed CSV quote at the end of the file is read silently "
-    "(the old reader refused it as 'malformed CSV' with the line)",
-)
 @pytest.mark.parametrize(
     "body",
     [
@@ -281,6 +293,15 @@ def test_an_unclosed_quote_is_refused_with_its_line(tmp_path: Path, body: str) -
     with pytest.raises(DataError, match=r"t\.csv:\d+.*quote") as caught:
         read(path, "csv", sparse_columns=("c",), label_column="y")
     assert "\n" not in str(caught.value)
+
+
+def test_an_unclosed_quote_after_stop_row_is_not_read(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text('y,c\n1,a\n0,"b\n1,c\n')
+    ds = read(path, "csv", sparse_columns=("c",), label_column="y", stop_row=1)
+    assert ds.rows == 1 and row_keys(ds, 0) == [feature_key(0, "a")]
+    with pytest.raises(DataError, match=r"t\.csv:3: a quoted field opened on this line"):
+        read(path, "csv", sparse_columns=("c",), label_column="y", stop_row=2)
 
 
 values = st.sampled_from(["", "a", "b", "0", "1", "x y", " a", "é", "a,b", '"q"', "a\nb"])
