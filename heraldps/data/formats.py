@@ -35,6 +35,11 @@ from heraldps.data.sources import FileKind, kind_of
 from heraldps.data.spec import AVAZU_COLUMNS, CRITEO_COLUMNS
 
 _PEEK = 1 << 16
+# The reader's prefetch thread already parses the next block while the current one is
+# converted; pyarrow's own threads on top cost more than they give on 2-4 cores (measured:
+# 250-330k rows/s single-threaded parse vs 200-265k with use_threads, docs/data.md "Speed").
+CSV_THREADS = False
+PARQUET_THREADS = True
 _BOM = b"\xef\xbb\xbf"
 
 _EXPECTED = {
@@ -251,7 +256,7 @@ class FileStream:
                     batch_size=self.batch_rows,
                     row_groups=[group],
                     columns=list(self.types),
-                    use_threads=True,
+                    use_threads=PARQUET_THREADS,
                 )
                 done += 1
                 self.position = self.size * done // max(groups, 1)
@@ -265,7 +270,7 @@ class FileStream:
             for name, kind in self.types.items()
         }
         read = pacsv.ReadOptions(
-            use_threads=True,
+            use_threads=CSV_THREADS,
             block_size=self.block_size,
             column_names=None if layout.header else list(layout.columns),
         )
