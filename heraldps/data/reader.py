@@ -17,6 +17,7 @@ See docs/data.md "Speed" for the measurements behind each choice.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -197,13 +198,24 @@ _POOL_LOCK = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The converter threads (two: the machines we target have 2-4 cores, and pyarrow's
-    parser threads need the rest), started once per process."""
+    """The converter threads (two: the machines we target have 2-4 cores, and the parsing
+    thread needs one), started once per process."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="heraldps-data")
         return _POOL
+
+
+def _forget_pool() -> None:
+    """In a forked child the parent's pool threads do not exist: start a new pool there
+    (else the first submit would wait forever)."""
+    global _POOL, _POOL_LOCK
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _convert(
