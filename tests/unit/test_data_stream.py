@@ -174,3 +174,29 @@ def test_stream_works_in_a_forked_child_after_the_parent_used_the_converter_thre
 
 def _rows_in_child(path: str) -> int:
     return sum(c.rows for c in stream(DataSpec(path, "criteo"), 8192))
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("log1p",) * 3, ("raw",) * 3, ("standardize",) * 3, ("minmax",) * 3,
+     ("log1p", "standardize", "raw")],
+)  # fmt: skip
+def test_block_transform_equals_the_per_column_transform_bit_for_bit(names: tuple) -> None:
+    from heraldps.data import transforms
+
+    rng = np.random.default_rng(5)
+    values = rng.normal(3.0, 50.0, size=(3, 1000))
+    values[rng.random(values.shape) < 0.1] = np.nan
+    values[2] = 7.0  # a constant column
+    columns = ("a", "b", "c")
+    stats = tuple(
+        DenseStats(c, 900, 100, float(np.nanmean(v)), float(np.nanstd(v)),
+                   float(np.nanmin(v)), float(np.nanmax(v)))
+        for c, v in zip(columns, values, strict=True)
+    )  # fmt: skip
+    want = np.stack(
+        [transforms.apply(values[j], names[j], stats[j], columns[j]) for j in range(3)], axis=1
+    )
+    got = transforms.apply_columns(values.copy(), names, stats, columns)
+    assert got.dtype == np.float32 and got.shape == (1000, 3)
+    assert got.tobytes() == want.tobytes()
