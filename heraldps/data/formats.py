@@ -311,9 +311,7 @@ class FileStream:
                     yield batch
                     emitted += batch.num_rows
             except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-                if pending is not None:
-                    emitted += pending.num_rows  # pyarrow accepted it; a later block failed
-                yield from self._before_problem(emitted, str(exc))
+                yield from self._before_problem(emitted, pending, str(exc))
                 return
         finally:
             stream.close()
@@ -325,9 +323,12 @@ class FileStream:
                     raise found[1]
             yield pending
 
-    def _before_problem(self, emitted: int, message: str) -> Iterator[pa.RecordBatch]:
+    def _before_problem(
+        self, emitted: int, pending: pa.RecordBatch | None, message: str
+    ) -> Iterator[pa.RecordBatch]:
         """pyarrow rejected a block: the records before the first bad one that the caller
-        still needs (``limit``), re-read in Python; else the bad record's error."""
+        still needs (``limit``): the held-back batch, then the rest re-read in Python;
+        else the bad record's error."""
         layout = self.layout
         found = first_problem(layout, self.types, self.label)
         if found is None:
@@ -335,6 +336,9 @@ class FileStream:
         index, error = found
         if self.limit is None or index < self.limit:
             raise error
+        if pending is not None:
+            yield pending
+            emitted += pending.num_rows
         if emitted < self.limit:
             yield records_batch(layout, self.types, emitted, self.limit)
 
