@@ -35,6 +35,11 @@ from heraldps.data.sources import FileKind, kind_of
 from heraldps.data.spec import AVAZU_COLUMNS, CRITEO_COLUMNS
 
 _PEEK = 1 << 16
+# The reader's prefetch thread already parses the next block while the current one is
+# converted; pyarrow's own threads on top cost more than they give on 2-4 cores (measured:
+# 250-330k rows/s single-threaded parse vs 200-265k with use_threads, docs/data.md "Speed").
+CSV_THREADS = False
+PARQUET_THREADS = True
 _BOM = b"\xef\xbb\xbf"
 
 _EXPECTED = {
@@ -251,7 +256,7 @@ class FileStream:
                     batch_size=self.batch_rows,
                     row_groups=[group],
                     columns=list(self.types),
-                    use_threads=True,
+                    use_threads=PARQUET_THREADS,
                 )
                 done += 1
                 self.position = self.size * done // max(groups, 1)
@@ -265,7 +270,7 @@ class FileStream:
             for name, kind in self.types.items()
         }
         read = pacsv.ReadOptions(
-            use_threads=True,
+            use_threads=CSV_THREADS,
             block_size=self.block_size,
             column_names=None if layout.header else list(layout.columns),
         )
@@ -306,9 +311,7 @@ class FileStream:
                     yield batch
                     emitted += batch.num_rows
             except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-                if pending is not None:
-                    emitted += pending.num_rows  # pyarrow accepted it; a later block failed
-                yield from self._before_problem(emitted, str(exc))
+                yield from self._before_problem(emitted, pending, str(exc))
                 return
         finally:
             stream.close()
@@ -320,9 +323,12 @@ class FileStream:
                     raise found[1]
             yield pending
 
-    def _before_problem(self, emitted: int, message: str) -> Iterator[pa.RecordBatch]:
+    def _before_problem(
+        self, emitted: int, pending: pa.RecordBatch | None, message: str
+    ) -> Iterator[pa.RecordBatch]:
         """pyarrow rejected a block: the records before the first bad one that the caller
-        still needs (``limit``), re-read in Python; else the bad record's error."""
+        still needs (``limit``): the held-back batch, then the rest re-read in Python;
+        else the bad record's error."""
         layout = self.layout
         found = first_problem(layout, self.types, self.label)
         if found is None:
@@ -330,6 +336,9 @@ class FileStream:
         index, error = found
         if self.limit is None or index < self.limit:
             raise error
+        if pending is not None:
+            yield pending
+            emitted += pending.num_rows
         if emitted < self.limit:
             yield records_batch(layout, self.types, emitted, self.limit)
 

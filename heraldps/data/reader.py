@@ -1,14 +1,23 @@
 """The streaming reader: bounded SparseDataset chunks from any source, and a first pass.
 
 ``stream`` yields chunks of ``batch_rows`` rows (the last one shorter) in source order;
-memory is bounded by the chunk in flight and pyarrow's read-ahead blocks, never by the
-file's size. Per chunk and sparse column, the cells are dictionary-encoded by pyarrow,
-each distinct value is hashed once (``keys.column_keys``) and the keys are gathered back:
-hashing distinct values is the only per-value work, everything else is vectorized.
+memory is bounded by the chunk in flight, pyarrow's blocks and a bounded key cache per
+column, never by the file's size. A background thread has pyarrow parse the next 1-4 MB
+blocks while the blocks of one chunk are converted together, with no copy between:
+
+- sparse columns, filled by two threads (compiled code, GIL released): a plain string
+  column (CSV/TSV) goes through its column's ``keys.KeyCache`` (a value seen before costs
+  a probe, a new one a BLAKE2b); a dictionary column (Parquet dictionary pages) has its
+  dictionary hashed once per row group and the cells' keys gathered by index;
+- dense columns and labels, on the calling thread meanwhile (one vectorized transform);
+- the row-major CSR, one compiled pass.
+
+See docs/data.md "Speed" for the measurements behind each choice.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -189,13 +198,24 @@ _POOL_LOCK = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The converter threads (two: the machines we target have 2-4 cores, and pyarrow's
-    parser threads need the rest), started once per process."""
+    """The converter threads (two: the machines we target have 2-4 cores, and the parsing
+    thread needs one), started once per process."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="heraldps-data")
         return _POOL
+
+
+def _forget_pool() -> None:
+    """In a forked child the parent's pool threads do not exist: start a new pool there
+    (else the first submit would wait forever)."""
+    global _POOL, _POOL_LOCK
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _convert(

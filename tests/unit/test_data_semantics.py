@@ -295,6 +295,27 @@ def test_an_unclosed_quote_is_refused_with_its_line(tmp_path: Path, body: str) -
     assert "\n" not in str(caught.value)
 
 
+def test_stop_row_before_a_bad_csv_line_three_blocks_in(tmp_path: Path) -> None:
+    # csv holds one parsed block back (the unclosed-quote check): a bad line in the third
+    # 1 MB block with stop_row in the second still gives every row before stop_row
+    rows = [f"{i % 2},v{i % 89},{'x' * 40}" for i in range(40_000)]  # about 2.2 MB
+    clean = tmp_path / "clean.csv"
+    clean.write_text("y,c,pad\n" + "\n".join(rows[:35_000]) + "\n")
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        "y,c,pad\n" + "\n".join(rows[:35_000]) + "\n1,a,b,EXTRA\n" + "\n".join(rows[35_000:]) + "\n"
+    )
+    spec = {"sparse_columns": ("c",), "label_column": "y"}
+    want = read_all(DataSpec(str(clean), "csv", **spec))  # type: ignore[arg-type]
+    for stop in (34_999, 20_000, 1_000):
+        chunks = stream(DataSpec(str(bad), "csv", stop_row=stop, **spec), batch_rows=1000)  # type: ignore[arg-type]
+        got = concat(list(chunks))
+        assert got.rows == stop and np.array_equal(got.keys, want.row_slice(0, stop).keys)
+        assert np.array_equal(got.labels, want.labels[:stop])
+    with pytest.raises(DataError, match=r"bad\.csv:35002: expected the 3 header columns"):
+        read(bad, "csv", stop_row=35_001, **spec)
+
+
 def test_an_unclosed_quote_after_stop_row_is_not_read(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     path.write_text('y,c\n1,a\n0,"b\n1,c\n')

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import subprocess
 import sys
 import textwrap
@@ -151,3 +153,50 @@ def test_memory_stays_flat_over_a_file_much_larger_than_a_chunk(tmp_path: Path) 
     assert rows == 300_000
     # Measured 13-23 MB on a 64 MB file; the old whole-file reader needed ~1.1 GB for it.
     assert peak - base < min(size // 2, 40 << 20), (peak - base, size)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_stream_works_in_a_forked_child_after_the_parent_used_the_converter_threads(
+    tmp_path: Path,
+) -> None:
+    # The converter thread pool started in the parent does not exist in a forked child; the
+    # child must start its own (a stale pool would hang on the first chunk).
+    path = tmp_path / "f.tsv"
+    line = "\t".join(["1", *["3"] * 13, *["abc"] * 26]) + "\n"
+    path.write_text(line * 10_000)
+    spec = DataSpec(str(path), "criteo")
+    assert sum(c.rows for c in stream(spec, 8192)) == 10_000  # starts the pool here
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        rows = pool.apply_async(_rows_in_child, (str(path),)).get(timeout=120)
+    assert rows == 10_000
+
+
+def _rows_in_child(path: str) -> int:
+    return sum(c.rows for c in stream(DataSpec(path, "criteo"), 8192))
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("log1p",) * 3, ("raw",) * 3, ("standardize",) * 3, ("minmax",) * 3,
+     ("log1p", "standardize", "raw")],
+)  # fmt: skip
+def test_block_transform_equals_the_per_column_transform_bit_for_bit(names: tuple) -> None:
+    from heraldps.data import transforms
+
+    rng = np.random.default_rng(5)
+    values = rng.normal(3.0, 50.0, size=(3, 1000))
+    values[rng.random(values.shape) < 0.1] = np.nan
+    values[2] = 7.0  # a constant column
+    columns = ("a", "b", "c")
+    stats = tuple(
+        DenseStats(c, 900, 100, float(np.nanmean(v)), float(np.nanstd(v)),
+                   float(np.nanmin(v)), float(np.nanmax(v)))
+        for c, v in zip(columns, values, strict=True)
+    )  # fmt: skip
+    want = np.stack(
+        [transforms.apply(values[j], names[j], stats[j], columns[j]) for j in range(3)], axis=1
+    )
+    got = transforms.apply_columns(values.copy(), names, stats, columns)
+    assert got.dtype == np.float32 and got.shape == (1000, 3)
+    assert got.tobytes() == want.tobytes()
