@@ -140,8 +140,10 @@ def clean_run(image: None, tmp_path: Path) -> Iterator[ComposeProject]:
 @pytest.fixture
 def faulty_run(image: None, tmp_path: Path) -> Iterator[ComposeProject]:
     # Checkpoints every 5 iterations, so the kill lands after one; a dead shard is noticed
-    # within --worker-timeout (60 s in the compose file; 10 s here to keep CI short).
-    env = {"HERALDPS_CHECKPOINT_EVERY": "5", "HERALDPS_WORKER_TIMEOUT": "10"}
+    # within --worker-timeout (60 s in the compose file; 30 s here to keep CI short). Not less:
+    # recreated containers start with an empty numba cache, and the resumed run's first
+    # iteration compiles the shards' and workers' kernels (10 s was once too short in CI).
+    env = {"HERALDPS_CHECKPOINT_EVERY": "5", "HERALDPS_WORKER_TIMEOUT": "30"}
     yield from project(ci_override(tmp_path, {"scheduler": env}))
 
 
