@@ -179,6 +179,59 @@ def rows_of_kids(kids, uniq, holders, info):  # type: ignore[no-untyped-def]  # 
         info[i, TRAINERS] = 0
 
 
+@njit(nogil=True, inline="always")
+def _choose_worker(  # type: ignore[no-untyped-def]  # pragma: no cover
+    i, offsets, lids, info, seen, room, scores, touched, choose, given, first_free, end
+):
+    """Sample ``i``'s worker (Algorithm 1's choice, or ``given[i]``), shared by
+    :func:`partition` and :func:`choose_chunk`: (worker, lowest worker that may have room,
+    1 if some worker holds one of its keys validly, 1 if the chosen one holds the most)."""
+    count = 0
+    for p in range(offsets[i], offsets[i + 1]):
+        if p + PREFETCH_DISTANCE < end:
+            prefetch(info, lids[p + PREFETCH_DISTANCE])
+            prefetch(seen, lids[p + PREFETCH_DISTANCE])
+        lid = lids[p]
+        if seen[lid] == i:
+            continue
+        seen[lid] = i
+        mask = info[lid, HOLDERS]
+        while mask:
+            low = mask & (~mask + np.uint64(1))
+            w = bit_index(low)
+            if scores[w] == 0:
+                touched[count] = w
+                count += 1
+            scores[w] += 1
+            mask ^= low
+    top = 0
+    if choose:
+        best = -1
+        best_score = 0
+        for j in range(count):
+            w = touched[j]
+            sc = scores[w]
+            top = max(top, sc)
+            if room[w] > 0 and (sc > best_score or (sc == best_score and w < best)):
+                best = w
+                best_score = sc
+        if best < 0:
+            while room[first_free] == 0:
+                first_free += 1
+            best = first_free
+        room[best] -= 1
+    else:
+        best = given[i]
+        best_score = scores[best]
+        for j in range(count):
+            top = max(top, scores[touched[j]])
+    for j in range(count):
+        scores[touched[j]] = 0
+    held = 1 if top > 0 else 0
+    local = 1 if top > 0 and best_score == top else 0
+    return best, first_free, held, local
+
+
 # ----- stage 1: partition and mini-batches, one pass --------------------------
 @njit(nogil=True)
 def partition(offsets, lids, info, num_workers, per_worker, given, pairs, seen):  # type: ignore[no-untyped-def]  # pragma: no cover
@@ -212,52 +265,12 @@ def partition(offsets, lids, info, num_workers, per_worker, given, pairs, seen):
         prefetch(info, lids[p])
         prefetch(seen, lids[p])
     for i in range(samples):
-        count = 0
-        for p in range(offsets[i], offsets[i + 1]):
-            if p + PREFETCH_DISTANCE < total:
-                prefetch(info, lids[p + PREFETCH_DISTANCE])
-                prefetch(seen, lids[p + PREFETCH_DISTANCE])
-            lid = lids[p]
-            if seen[lid] == i:
-                continue
-            seen[lid] = i
-            mask = info[lid, HOLDERS]
-            while mask:
-                low = mask & (~mask + np.uint64(1))
-                w = bit_index(low)
-                if scores[w] == 0:
-                    touched[count] = w
-                    count += 1
-                scores[w] += 1
-                mask ^= low
-        top = 0
-        if choose:
-            best = -1
-            best_score = 0
-            for j in range(count):
-                w = touched[j]
-                sc = scores[w]
-                top = max(top, sc)
-                if room[w] > 0 and (sc > best_score or (sc == best_score and w < best)):
-                    best = w
-                    best_score = sc
-            if best < 0:
-                while room[first_free] == 0:
-                    first_free += 1
-                best = first_free
-            room[best] -= 1
-        else:
-            best = given[i]
-            best_score = scores[best]
-            for j in range(count):
-                top = max(top, scores[touched[j]])
-        for j in range(count):
-            scores[touched[j]] = 0
+        best, first_free, h, loc = _choose_worker(
+            i, offsets, lids, info, seen, room, scores, touched, choose, given, first_free, total
+        )
         assign[i] = best
-        if top > 0:
-            held += 1
-            if best_score == top:
-                local += 1
+        held += h
+        local += loc
         bit = np.uint64(1) << np.uint64(best)
         for p in range(offsets[i], offsets[i + 1]):
             lid = lids[p]
@@ -295,52 +308,12 @@ def choose_chunk(offsets, lids, info, seen, room, state, assign, first, last, gi
         prefetch(info, lids[p])
         prefetch(seen, lids[p])
     for i in range(first, last):
-        count = 0
-        for p in range(offsets[i], offsets[i + 1]):
-            if p + PREFETCH_DISTANCE < end:
-                prefetch(info, lids[p + PREFETCH_DISTANCE])
-                prefetch(seen, lids[p + PREFETCH_DISTANCE])
-            lid = lids[p]
-            if seen[lid] == i:
-                continue
-            seen[lid] = i
-            mask = info[lid, HOLDERS]
-            while mask:
-                low = mask & (~mask + np.uint64(1))
-                w = bit_index(low)
-                if scores[w] == 0:
-                    touched[count] = w
-                    count += 1
-                scores[w] += 1
-                mask ^= low
-        top = 0
-        if choose:
-            best = -1
-            best_score = 0
-            for j in range(count):
-                w = touched[j]
-                sc = scores[w]
-                top = max(top, sc)
-                if room[w] > 0 and (sc > best_score or (sc == best_score and w < best)):
-                    best = w
-                    best_score = sc
-            if best < 0:
-                while room[first_free] == 0:
-                    first_free += 1
-                best = first_free
-            room[best] -= 1
-        else:
-            best = given[i]
-            best_score = scores[best]
-            for j in range(count):
-                top = max(top, scores[touched[j]])
-        for j in range(count):
-            scores[touched[j]] = 0
+        best, first_free, h, loc = _choose_worker(
+            i, offsets, lids, info, seen, room, scores, touched, choose, given, first_free, end
+        )
         assign[i] = best
-        if top > 0:
-            held += 1
-            if best_score == top:
-                local += 1
+        held += h
+        local += loc
     state[0], state[1], state[2] = first_free, held, local
     return 0
 
