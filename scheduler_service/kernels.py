@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from heraldps.atomic import atomic_and
 from heraldps.jit import njit
 from heraldps.keyindex import home, probe_from
 from heraldps.prefetch import prefetch
@@ -373,236 +374,48 @@ def samples_by_worker(assign, num_workers, per_worker):  # type: ignore[no-untyp
     return order
 
 
-# ----- per-worker position tables ------------------------------------------------
-# A slot holds kid << 32 | position (position < 2**32), EMPTY when free; linear probing
-# on mix(kid), load <= 1/2, backward-shift deletion (no tombstones).
-@njit(nogil=True, inline="always")
-def _home(table, kid):  # type: ignore[no-untyped-def]  # pragma: no cover
-    return np.int64(mix(kid) & np.uint64(table.shape[0] - 1))
+# ----- stage 3: the batch's keys (cache bits, references, synchronisation) ------------
+# The mirror's record of a key (``CacheMirror.records``, uint64 [rows, 4], one 32-byte
+# line): bit w of R_HOLDERS: worker w holds a valid copy; of R_CACHED: w caches the key; of
+# R_REFERENCED: w used it since its queue entry last came round (CLOCK's reference bit).
+# R_META: the key's lid in the batch that touched it last (low 32 bits) and, above, the
+# worker whose copy is dirty, plus one (0: none).
+R_HOLDERS, R_CACHED, R_REFERENCED, R_META = 0, 1, 2, 3
+RECORD_FIELDS = 4
+LID_BITS = np.uint64(0xFFFFFFFF)
+_OWNER_SHIFT = np.uint64(32)
+OP_KEY, OP_PULLS, OP_INSERTS, OP_KID = 0, 1, 2, 3  # columns of stage 3's ``ops``
+OP_FIELDS = 4
+_CO_TRAINED = np.uint64(1 << 63)
+_KID_BITS = np.uint64((1 << 63) - 1)
 
 
 @njit(nogil=True, inline="always")
-def table_slot(table, kid):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Slot of ``kid``, or the empty slot where it would go."""
-    mask = table.shape[0] - 1
-    s = _home(table, kid)
-    while table[s] != EMPTY and (table[s] >> 32) != kid:
-        s = (s + 1) & mask
-    return s
+def owner_of(meta):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """The worker whose copy of the key is dirty, -1 none."""
+    return np.int64(meta >> _OWNER_SHIFT) - 1
 
 
 @njit(nogil=True, inline="always")
-def table_remove(table, slot):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Free ``slot``; move later entries of its probe run back into the gap."""
-    mask = table.shape[0] - 1
-    i = slot
-    table[i] = EMPTY
-    j = i
-    while True:
-        j = (j + 1) & mask
-        if table[j] == EMPTY:
-            return
-        start = _home(table, table[j] >> 32)
-        # Move entry j back to i unless its home lies cyclically in (i, j].
-        if (start <= i or start > j) if i <= j else (start <= i and start > j):
-            table[i] = table[j]
-            table[j] = EMPTY
-            i = j
+def with_owner(meta, owner):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    return (meta & LID_BITS) | (np.uint64(owner + 1) << _OWNER_SHIFT)
 
 
 @njit(nogil=True)
-def rehash_table(table, out):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Put every entry of ``table`` into the (larger, all-EMPTY) table ``out``."""
-    for s in range(table.shape[0]):
-        entry = table[s]
-        if entry != EMPTY:
-            out[table_slot(out, entry >> 32)] = entry
+def touch_keys(info, first, last, records, ops, inserts, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Everything a batch does to the records of its keys ``info[first:last]``, one record
+    each (disjoint ranges may run at once).
 
-
-@njit(nogil=True)
-def compact_queue(w, queue, head, tail, table):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Drop worker ``w``'s stale queue entries and renumber the live ones from 0."""
-    j = 0
-    for position in range(head[w], tail[w]):
-        k = np.int64(queue[w, position])
-        s = table_slot(table, k)
-        if table[s] != EMPTY and (table[s] & _LOW32) == position:
-            queue[w, j] = k
-            table[s] = (k << 32) | j
-            j += 1
-    head[w] = 0
-    tail[w] = j
-
-
-# ----- stage 3: cache operations ----------------------------------------------
-@njit(nogil=True)
-def cache_ops(  # type: ignore[no-untyped-def]  # pragma: no cover
-    workers,
-    wl_offsets,
-    wl_lids,
-    info,
-    capacity,
-    tables,
-    fresh,
-    placeholder,
-    queue,
-    head,
-    tail,
-    used,
-    dirty_owner,
-    key_of,
-    out_keys,
-    counts,
-    victims,
-    scratch,
-):
-    """LRU touches, pulls and evictions of ``workers``, each in first-occurrence order.
-
-    Workers are independent here (each has its own queue and position table, and the
-    pass writes no shared record), so two calls on disjoint sets of workers may run at
-    once. A worker whose ``fresh`` table is bigger than its own first moves its entries
-    there (table growth, on the thread running the worker). A key is cached by w iff its
-    kid is in w's position table; whether w's copy
-    is valid is bit w of ``info[lid, HOLDERS]`` (as at the start of the batch: w's evictions
-    only drop keys w has not touched in this batch).
-
-    Worker w's outputs go to its region ``r = wl_offsets[w]:wl_offsets[w + 1]`` of the
-    rows of ``out_keys``: row 0 pulled keys, row 1 evicted keys (eviction order), row 2
-    trained keys (those only w trains first, then co-trained ones; ``scratch`` holds the
-    co-trained ones meanwhile); and
-    ``victims[r]``: evicted kids, negated (-kid - 1) when w held them dirty. ``counts[w]``
-    = (pulls, evictions, where co-trained keys start in row 2, hits).
-    """
-    pulled = out_keys[0]
-    evicted = out_keys[1]
-    trained = out_keys[2]
-    co_trained = scratch
-    for w in workers:
-        if fresh[w].shape[0] > tables[w].shape[0]:  # grow: the caller sized ``fresh[w]``
-            grown = fresh[w]
-            grown[:] = EMPTY
-            rehash_table(tables[w], grown)
-            tables[w] = grown
-            fresh[w] = placeholder
-        table = tables[w]
-        start = wl_offsets[w]
-        end = wl_offsets[w + 1]
-        bit = np.uint64(1) << np.uint64(w)
-        npl = start
-        nev = start
-        nhits = 0
-        nlocal = start
-        nco = start
-        # Two levels: the key's row 2 x 16 places ahead, its table slot (which needs
-        # the row's kid) 16 places ahead, by when the row has arrived.
-        for q in range(start, min(start + 2 * PREFETCH_DISTANCE, end)):
-            prefetch(info, wl_lids[q])
-        for q in range(start, min(start + PREFETCH_DISTANCE, end)):
-            prefetch(table, _home(table, np.int64(info[wl_lids[q], KID])))
-        for q in range(start, end):
-            if q + 2 * PREFETCH_DISTANCE < end:
-                prefetch(info, wl_lids[q + 2 * PREFETCH_DISTANCE])
-            if q + PREFETCH_DISTANCE < end:
-                ahead = np.int64(info[wl_lids[q + PREFETCH_DISTANCE], KID])
-                prefetch(table, _home(table, ahead))
-            lid = wl_lids[q]
-            k = np.int64(info[lid, KID])
-            key = np.int64(info[lid, KEY])
-            s = table_slot(table, k)
-            if table[s] != EMPTY:
-                if info[lid, HOLDERS] & bit:
-                    nhits += 1
-                else:  # a stale copy: refresh it in place
-                    pulled[npl] = key
-                    npl += 1
-            else:
-                pulled[npl] = key
-                npl += 1
-                if used[w] < capacity:
-                    used[w] += 1
-                else:  # evict the least recently touched: the oldest live queue entry
-                    while True:
-                        position = head[w]
-                        head[w] += 1
-                        victim = np.int64(queue[w, position])
-                        vs = table_slot(table, victim)
-                        if table[vs] != EMPTY and (table[vs] & _LOW32) == position:
-                            break
-                    table_remove(table, vs)
-                    evicted[nev] = key_of[victim]
-                    victims[nev] = -victim - 1 if dirty_owner[victim] == w else victim
-                    nev += 1
-                    s = table_slot(table, k)  # the removal may have moved entries
-            position = tail[w]
-            tail[w] += 1
-            queue[w, position] = k
-            table[s] = (k << 32) | position
-            t = info[lid, TRAINERS]
-            if t & (t - np.uint64(1)):  # more than one bit: co-trained
-                co_trained[nco] = key
-                nco += 1
-            else:
-                trained[nlocal] = key
-                nlocal += 1
-        trained[nlocal : nlocal + nco - start] = co_trained[start:nco]
-        counts[w, 0] = npl - start
-        counts[w, 1] = nev - start
-        counts[w, 2] = nlocal
-        counts[w, 3] = nhits
-    return 0
-
-
-@njit(nogil=True)
-def drop_victims(wl_offsets, counts, victims, holders):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Clear bit w of every key worker w evicted; return the dirty evictions as kid *
-    64 + w, in worker order (each worker's in eviction order)."""
-    num_workers = counts.shape[0]
-    total = 0
-    for w in range(num_workers):
-        total += counts[w, 1]
-    dirty = np.empty(total, dtype=np.int64)
-    ndirty = 0
-    for w in range(num_workers):
-        bit = np.uint64(1) << np.uint64(w)
-        for q in range(wl_offsets[w], wl_offsets[w] + counts[w, 1]):
-            v = victims[q]
-            if v < 0:
-                v = -v - 1
-                dirty[ndirty] = v * 64 + w
-                ndirty += 1
-            holders[v] &= ~bit
-    return dirty[:ndirty]
-
-
-# ----- stage 4: synchronisation ------------------------------------------------
-@njit(nogil=True)
-def settle_evicted(dirty_evicted, dirty_owner, key_of):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Write-backs the previous iteration owes for dirty rows their owner evicts now
-    (settled first: the owner may pull the row back later in this batch and dirty it
-    again). Returns (worker, key)."""
-    n = dirty_evicted.shape[0]
-    prev_worker = np.empty(n, dtype=np.int64)
-    prev_key = np.empty(n, dtype=np.int64)
-    nprev = 0
-    for q in range(n):
-        k = dirty_evicted[q] // 64
-        w = dirty_evicted[q] % 64
-        if dirty_owner[k] == w:
-            prev_worker[nprev] = w
-            prev_key[nprev] = key_of[k]
-            nprev += 1
-            dirty_owner[k] = -1
-    return prev_worker[:nprev], prev_key[:nprev]
-
-
-@njit(nogil=True)
-def settle(info, first, last, holders, dirty_owner, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Write-backs owed by the previous iteration, then this iteration's training effects,
-    for the batch's keys ``info[first:last]`` (disjoint ranges may run at once).
-
-    The previous iteration writes back a dirty row that another worker needs now.
-    Returns (previous write-backs: worker, key; this iteration's write-backs, naive sync
-    only: worker, key).
+    Per key, with T = its trainers: its row of ``ops`` (uint64 [nb, 4], what the lists
+    of stage 4 need, in one 32-byte line): the key; the workers that pull it (T without
+    a valid copy) and those that must insert it (T not caching it; ``inserts[w]`` counts
+    them per worker); its kid, with the top bit set if several workers train it. T
+    caches it and has used it. Then the
+    synchronisation: a dirty copy another worker needs now is written back by the
+    previous iteration; after the commit only a sole trainer holds the newest value
+    (dirty under on-demand sync, written back now under naive sync), and a key several
+    workers trained is valid nowhere. Returns (previous write-backs: worker, key; this
+    iteration's write-backs, naive sync only: worker, key).
     """
     total = last - first
     prev_worker = np.empty(total, dtype=np.int64)
@@ -611,30 +424,162 @@ def settle(info, first, last, holders, dirty_owner, on_demand):  # type: ignore[
     now_key = np.empty(0 if on_demand else total, dtype=np.int64)
     nprev = nnow = 0
     for q in range(first, min(first + PREFETCH_DISTANCE, last)):
-        prefetch(dirty_owner, np.int64(info[q, KID]))
+        prefetch(records, np.int64(info[q, KID]))
     for q in range(first, last):
         if q + PREFETCH_DISTANCE < last:
-            prefetch(dirty_owner, np.int64(info[q + PREFETCH_DISTANCE, KID]))
+            prefetch(records, np.int64(info[q + PREFETCH_DISTANCE, KID]))
         k = np.int64(info[q, KID])
-        owner = dirty_owner[k]
         t = info[q, TRAINERS]
+        cached = records[k, R_CACHED]
+        new = t & ~cached
+        ops[q, OP_KEY] = info[q, KEY]
+        ops[q, OP_PULLS] = t & ~info[q, HOLDERS]
+        ops[q, OP_INSERTS] = new
+        ops[q, OP_KID] = np.uint64(k) | (_CO_TRAINED if t & (t - np.uint64(1)) else np.uint64(0))
+        while new:
+            low = new & (~new + np.uint64(1))
+            inserts[bit_index(low)] += 1
+            new ^= low
+        records[k, R_CACHED] = cached | t
+        records[k, R_REFERENCED] |= t
+        owner = owner_of(records[k, R_META])
         if owner >= 0 and t & ~(np.uint64(1) << np.uint64(owner)):  # another worker needs it
             prev_worker[nprev] = owner
             prev_key[nprev] = np.int64(info[q, KEY])
             nprev += 1
-            dirty_owner[k] = -1
-        if popcount(t) > 1:
-            holders[k] = 0  # every copy is stale after the commit
-            continue
-        w = bit_index(t)
-        holders[k] = t  # only the trainer holds the newest value
-        if on_demand:
-            dirty_owner[k] = w
+            owner = -1
+        if t & (t - np.uint64(1)):  # several trainers: every copy is stale after the commit
+            records[k, R_HOLDERS] = 0
         else:
-            now_worker[nnow] = w
-            now_key[nnow] = np.int64(info[q, KEY])
-            nnow += 1
+            records[k, R_HOLDERS] = t  # only the trainer holds the newest value
+            if on_demand:
+                owner = bit_index(t)
+            else:
+                now_worker[nnow] = bit_index(t)
+                now_key[nnow] = np.int64(info[q, KEY])
+                nnow += 1
+        records[k, R_META] = with_owner(np.uint64(q), owner)
     return prev_worker[:nprev], prev_key[:nprev], now_worker[:nnow], now_key[:nnow]
+
+
+# ----- stage 4: per worker, evictions (CLOCK) and the plan's lists --------------------
+@njit(nogil=True)
+def _grown_ring(ring, head, used, size):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """A ring of ``size`` entries holding ``ring``'s ``used`` entries from ``head`` at 0."""
+    out = np.empty(size, dtype=ring.dtype)
+    mask = ring.shape[0] - 1
+    for i in range(used):
+        out[i] = ring[(head + i) & mask]
+    return out
+
+
+@njit(nogil=True)
+def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
+    workers, wl_offsets, wl_lids, info, ops, inserts, capacity, rings, heads, used, flat,
+    key_of, out_keys, counts, scratch,
+):  # fmt: skip
+    """Worker by worker: make room for the keys it inserts, then list its plan.
+
+    Each worker's cache is a CLOCK: a ring of the keys it caches in insertion order.
+    Room is made at the head: a key the worker trains in this batch goes round again, as
+    does one whose reference bit is set (the bit is cleared); any other is evicted. The
+    inserted keys then join at the tail in first-occurrence order. Workers are
+    independent except for the bits they clear in evicted keys' shared words, which are
+    cleared atomically, so two calls on disjoint sets of workers may run at once.
+    ``flat``: the records as one uint64 array (``records.reshape(-1)``).
+
+    Worker w's outputs go to its region ``r = wl_offsets[w]:wl_offsets[w + 1]`` of the
+    rows of ``out_keys``: row 0 pulled keys, row 1 evicted keys (eviction order), row 2
+    trained keys (those only w trains first, then co-trained ones), row 3 the evicted
+    keys w held dirty; ``counts[w]`` = (pulls, evictions, where co-trained keys start in
+    row 2, hits, dirty evictions).
+    """
+    nb = info.shape[0]
+    pulled = out_keys[0]
+    evicted = out_keys[1]
+    trained = out_keys[2]
+    dirty = out_keys[3]
+    co_trained = scratch
+    for w in workers:
+        start = wl_offsets[w]
+        end = wl_offsets[w + 1]
+        bit = np.uint64(1) << np.uint64(w)
+        clear = ~bit
+        n = used[w]
+        need = n + inserts[w] - capacity
+        final = n + inserts[w] - max(need, 0)
+        ring = rings[w]
+        if final > ring.shape[0]:
+            size = ring.shape[0]
+            while size < final:
+                size *= 2
+            ring = _grown_ring(ring, heads[w], n, size)
+            rings[w] = ring
+            heads[w] = 0
+        mask = ring.shape[0] - 1
+        head = heads[w]
+        nev = start
+        ndirty = start
+        while need > 0:
+            v = np.int64(ring[head])
+            head = (head + 1) & mask
+            meta = flat[v * RECORD_FIELDS + R_META]
+            lid = np.int64(meta & LID_BITS)
+            mine = False  # does w train v in this batch? (R_META names v's latest lid)
+            if lid < nb and np.int64(info[lid, KID]) == v:
+                mine = (info[lid, TRAINERS] & bit) != 0
+            if mine or (flat[v * RECORD_FIELDS + R_REFERENCED] & bit) != 0:
+                if not mine:
+                    atomic_and(flat, v * RECORD_FIELDS + R_REFERENCED, clear)
+                ring[(head + n - 1) & mask] = np.int32(v)  # round again, at the tail
+                continue
+            atomic_and(flat, v * RECORD_FIELDS + R_CACHED, clear)
+            atomic_and(flat, v * RECORD_FIELDS + R_HOLDERS, clear)
+            key = key_of[v]
+            evicted[nev] = key
+            nev += 1
+            if owner_of(meta) == w:  # only w's thread changes the owner of a key w caches
+                flat[v * RECORD_FIELDS + R_META] = meta & LID_BITS
+                dirty[ndirty] = key
+                ndirty += 1
+            n -= 1
+            need -= 1
+        # the lists, in first-occurrence order (co-trained keys wait in ``scratch``)
+        npl = start
+        nhits = 0
+        nlocal = start
+        nco = start
+        for q in range(start, min(start + PREFETCH_DISTANCE, end)):
+            prefetch(ops, wl_lids[q])
+        for q in range(start, end):
+            if q + PREFETCH_DISTANCE < end:
+                prefetch(ops, wl_lids[q + PREFETCH_DISTANCE])
+            lid = wl_lids[q]
+            key = np.int64(ops[lid, OP_KEY])
+            if ops[lid, OP_PULLS] & bit:
+                pulled[npl] = key
+                npl += 1
+            else:
+                nhits += 1
+            kid = ops[lid, OP_KID]
+            if ops[lid, OP_INSERTS] & bit:
+                ring[(head + n) & mask] = np.int32(kid & _KID_BITS)
+                n += 1
+            if kid & _CO_TRAINED:
+                co_trained[nco] = key
+                nco += 1
+            else:
+                trained[nlocal] = key
+                nlocal += 1
+        trained[nlocal : nlocal + nco - start] = co_trained[start:nco]
+        heads[w] = head
+        used[w] = n
+        counts[w, 0] = npl - start
+        counts[w, 1] = nev - start
+        counts[w, 2] = nlocal
+        counts[w, 3] = nhits
+        counts[w, 4] = ndirty - start
+    return 0
 
 
 # ----- stage 5: write-back lists -------------------------------------------------

@@ -1,26 +1,28 @@
 """The scheduler's exact model of every worker's cache (Herald section 3.2).
 
 Every key the scheduler has seen gets a dense id (``kid``, in order of first
-sight) and one record of four int64 fields (32 bytes, one cache line access):
+sight), its key (``key_of``) and one record of four 64-bit words (32 bytes, one
+cache line access; ``kernels.R_HOLDERS`` ...):
 
-====  ==============  ====================================================
-col   field           meaning
-====  ==============  ====================================================
-0     ``holders``     bit w: worker w holds a *valid* (latest) copy
-1     ``dirty_owner`` worker whose copy is newer than the PS's, -1 none
-2     ``key``         the int64 key itself
-3     (spare)         keeps a record inside one 32-byte line
-====  ==============  ====================================================
+==============  ====================================================
+word            meaning
+==============  ====================================================
+``HOLDERS``     bit w: worker w holds a *valid* (latest) copy
+``CACHED``      bit w: worker w caches the key (valid or stale)
+``REFERENCED``  bit w: w used the key since its ring entry last came round
+``META``        the worker whose copy is newer than the PS's (plus one; 0 none)
+                above bit 32; below, the key's lid in the batch that last had it
+==============  ====================================================
 
-Which keys a worker caches, and in which LRU order, is per worker: an
-append-only queue of kids (touching a key appends it) and a position table
-mapping each cached kid to its live queue position (``kernels.table_*``: 8-byte
-slots of ``kid << 32 | position``, load <= 1/2). A queue entry whose position
-no longer matches its kid's is stale and skipped when the queue is popped for
-an eviction. That is exact LRU (the live entry of each key is its latest touch)
-at one sequential write and one table access per touch. A full queue is
-compacted, which also renumbers positions. Per-worker state lets the cache
-pass run on two threads, one group of workers each.
+Each worker's cache is a CLOCK (second chance), the O(1) approximation of LRU
+that operating systems use for their page caches: a ring of the kids it caches,
+in the order they came in. To make room, the head is taken: a key the worker
+trains in the current batch, or one it has used since its entry last came round
+(its REFERENCED bit; the bit is cleared), goes round again to the tail; any other
+is evicted. New keys join at the tail. A worker's whole cache state is its ring
+and its bits in the records: no per-(key, worker) index, so a batch costs one
+record access per distinct key plus sequential ring and list writes per
+(key, worker) pair (docs/scheduler.md#the-cache-mirror says why not exact LRU).
 
 Capacity and growth (what the job knows sizes the structures up front):
 
@@ -30,12 +32,9 @@ Capacity and growth (what the job knows sizes the structures up front):
   amortized O(1) per key).
 - Records live on a lazily committed mapping (``heraldps.hostmem``): reserving
   rows costs no memory until a key takes them.
-- Queues are reserved at ``min(3 x capacity, 4M)`` entries per worker, lazily
-  committed (written front to back); past that they double.
-- A worker's position table holds at most ``capacity`` kids; it starts small and
-  doubles when its load would pass its threshold, staggered between 1/4 and 1/2 by
-  worker (``growth_threshold``), so the 64 tables of a job do not all rehash in the
-  same batch.
+- A worker's ring holds at most ``capacity`` kids (4 bytes each); it starts at
+  1,024 entries and doubles when the keys it caches would not fit, on the thread
+  that runs the worker.
 """
 
 from __future__ import annotations
@@ -54,19 +53,12 @@ from heraldps.modes import MAX_WORKERS
 from scheduler_service import kernels
 from scheduler_service.split import run_pieces
 
-MAX_CAPACITY = 2**29  # a queue holds <= 4x capacity entries; positions are < 2**32
-_FIELDS = 4
+MAX_CAPACITY = 2**30  # rows per worker cache: a ring of int32 kids of this size is 4 GiB
 _MIN_ROWS = 1024
 _MIN_TABLE = 1024
-QUEUE_RESERVE = 2**22  # entries per worker reserved (lazily) before the first growth
+_MIN_RING = 1024
 PARALLEL_KEYS = 65_536  # batches with fewer keys (distinct keys) number (look up) on one thread
 PIECES = 4  # pieces of a split stage (``split.run_pieces``): the two threads balance them
-
-
-def growth_threshold(worker: int) -> float:
-    """Load above which worker ``worker``'s position table doubles: 1/4 .. 1/2 in
-    eighths of 1/4 by worker, so tables of workers that cache alike grow apart."""
-    return 0.5 - (worker % 8) / 32
 
 
 def _empty_local(size: int) -> npt.NDArray[np.int64]:
@@ -76,19 +68,12 @@ def _empty_local(size: int) -> npt.NDArray[np.int64]:
     return table
 
 
-def empty_table(size: int) -> npt.NDArray[np.int64]:
-    """An all-EMPTY position table; big ones on huge pages: its probes are random."""
-    table = hostmem.zeros((size,), np.int64)
-    table[:] = kernels.EMPTY
-    return table
-
-
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
 
 class CacheMirror:
-    """Which rows every worker caches, in which LRU order, valid or dirty."""
+    """Which rows every worker caches, in which CLOCK order, valid or dirty."""
 
     def __init__(self, num_workers: int, capacity: int, expected_keys: int = 0) -> None:
         if not 1 <= num_workers <= MAX_WORKERS:
@@ -103,16 +88,12 @@ class CacheMirror:
         self.capacity = capacity
         self.expected_keys = expected_keys
         self.index = KeyIndex(expected_keys)
-        self._set_records(hostmem.zeros((max(expected_keys, _MIN_ROWS), _FIELDS), np.int64))
-        self.queue = hostmem.zeros((num_workers, min(3 * capacity, QUEUE_RESERVE)), np.int32)
-        self.queue_head = np.zeros(num_workers, np.int64)
-        self.queue_tail = np.zeros(num_workers, np.int64)
+        rows = max(expected_keys, _MIN_ROWS)
+        records = hostmem.zeros((rows, kernels.RECORD_FIELDS), np.uint64)
+        self._set_records(records, hostmem.zeros((rows,), np.int64))
+        self.rings = List([np.zeros(_MIN_RING, np.int32) for _ in range(num_workers)])
+        self.heads = np.zeros(num_workers, np.int64)
         self.used = np.zeros(num_workers, np.int64)
-        self.tables = List([empty_table(_MIN_TABLE) for _ in range(num_workers)])
-        self.table_sizes = np.full(num_workers, _MIN_TABLE, np.int64)
-        self._thresholds = np.array([growth_threshold(w) for w in range(num_workers)])
-        self.placeholder = np.zeros(1, np.int64)
-        self.fresh = List([self.placeholder for _ in range(num_workers)])
         self._local = [_empty_local(_MIN_TABLE), _empty_local(_MIN_TABLE)]
         self._distinct = [0, 0]  # distinct keys the scratch tables saw last
         self._scratch: dict[str, npt.NDArray[np.int64]] = {}
@@ -206,19 +187,21 @@ class CacheMirror:
         return info
 
     def _register(self, known: int, new_keys: npt.NDArray[np.int64]) -> None:
-        """Records for the keys the index just numbered ``known..``, in that order."""
+        """Records for the keys the index just numbered ``known..``, in that order (new
+        records are all zero: no holder, not cached, no owner)."""
         n = known + new_keys.shape[0]
         if not new_keys.shape[0]:
             return
-        if n > self._records.shape[0]:
-            self._set_records(hostmem.grown(self._records, max(n, 2 * self._records.shape[0])))
-        self.key[known:n] = new_keys
-        self.dirty_owner[known:n] = -1
+        if n > self.records.shape[0]:
+            rows = max(n, 2 * self.records.shape[0])
+            self._set_records(hostmem.grown(self.records, rows), hostmem.grown(self.key_of, rows))
+        self.key_of[known:n] = new_keys
 
-    def _set_records(self, records: npt.NDArray[np.int64]) -> None:
-        self._records = records
-        self.holders = records.view(np.uint64)[:, 0]
-        self.dirty_owner, self.key = records[:, 1], records[:, 2]
+    def _set_records(self, records: npt.NDArray[np.uint64], key_of: npt.NDArray[np.int64]) -> None:
+        self.records = records
+        self.flat = records.reshape(-1)  # the same memory, for the atomic bit clears
+        self.holders = records[:, kernels.R_HOLDERS]
+        self.key_of = key_of
 
     def scratch(self, name: str, size: int) -> npt.NDArray[np.int64]:
         """A per-batch working array of ``size`` int64 (contents undefined), reused from
@@ -231,45 +214,27 @@ class CacheMirror:
             self._scratch[name] = buffer
         return buffer[:size]
 
-    # ----- room ----------------------------------------------------------------
-    def reserve(self, wl_offsets: npt.NDArray[np.int64]) -> None:
-        """Room in every worker's queue for its whole mini-batch (``wl_offsets`` bounds)."""
-        need = np.diff(wl_offsets)
-        over = np.flatnonzero(self.queue_tail + need > self.queue.shape[1])
-        if over.shape[0]:
-            for w in over.tolist():
-                kernels.compact_queue(
-                    w, self.queue, self.queue_head, self.queue_tail, self.tables[w]
-                )
-            live = int((self.queue_tail[over] + need[over]).max())
-            if 2 * live > self.queue.shape[1]:  # keep compactions at least a half queue apart
-                length = max(2 * live, _MIN_ROWS)  # live <= 2 x capacity
-                queue = hostmem.zeros((self.num_workers, length), np.int32)
-                queue[:, : self.queue.shape[1]] = self.queue
-                self.queue = queue
+    # ----- state for checkpoints and tests ----------------------------------------
+    def dirty_owners(self) -> npt.NDArray[np.int64]:
+        """The worker holding each kid's row dirty (-1: none), kids ``0..len(index)-1``."""
+        meta = self.records[: len(self.index), kernels.R_META]
+        return (meta >> np.uint64(32)).astype(np.int64) - 1
 
-    def fresh_tables(self, need: npt.NDArray[np.int64]) -> None:
-        """Allocate a doubled position table (in ``self.fresh``) for every worker whose load
-        could pass its threshold in this batch (``need[w]``: keys worker w touches); the
-        cache pass moves the entries on the thread that runs the worker."""
-        entries = self.used + need
-        grow = np.flatnonzero(entries > self._thresholds * self.table_sizes)
-        for w in grow.tolist():
-            size = int(self.table_sizes[w])
-            while entries[w] > self._thresholds[w] * size:
-                size *= 2
-            self.fresh[w] = hostmem.zeros((size,), np.int64)  # filled by the kernel
-            self.table_sizes[w] = size
-
-    # ----- checkpoints -----------------------------------------------------------
     def dirty_rows(self) -> int:
-        return int((self.dirty_owner[: len(self.index)] >= 0).sum())
+        return int((self.dirty_owners() >= 0).sum())
 
     def take_dirty(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(owner, key) of every dirty row, now marked clean: its owner writes it back at a
         checkpoint and keeps it cached, the valid copy it was (holders do not change)."""
-        owners = self.dirty_owner[: len(self.index)]
+        owners = self.dirty_owners()
         kids = np.flatnonzero(owners >= 0)
-        workers, keys = owners[kids].copy(), self.key[kids].copy()
-        owners[kids] = -1
-        return workers, keys
+        self.records[kids, kernels.R_META] &= kernels.LID_BITS
+        return owners[kids], self.key_of[kids].copy()
+
+    def cached_keys(self, worker: int) -> npt.NDArray[np.int64]:
+        """The keys ``worker`` caches, from the head of its ring (next to come round)."""
+        ring = self.rings[worker]
+        n, head = int(self.used[worker]), int(self.heads[worker])
+        positions = (head + np.arange(n)) & (ring.shape[0] - 1)
+        keys: npt.NDArray[np.int64] = self.key_of[ring[positions].astype(np.int64)]
+        return keys

@@ -2,14 +2,15 @@
 
 Written to be read next to the paper (Herald, sections 3.1-3.2) and the
 counting model of docs/scheduler.md; the fast scheduler (``scheduler.py``) must
-produce identical assignments and plans. Caches are ``OrderedDict`` LRUs of
-``key -> CachedRow`` with explicit versions; a copy is *valid* when its
-version is the latest version of the key anywhere.
+produce identical assignments and plans. Caches are dicts of ``key -> CachedRow``
+with explicit versions, replaced by CLOCK (a ``deque`` of the cached keys in the
+order they came in, and a set of the keys used since their entry last came round);
+a copy is *valid* when its version is the latest version of the key anywhere.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +50,9 @@ class ReferenceScheduler:
         self.capacity = capacity
         self.partition = partition
         self.sync = sync
-        self.caches: list[OrderedDict[int, CachedRow]] = [OrderedDict() for _ in range(num_workers)]
+        self.caches: list[dict[int, CachedRow]] = [{} for _ in range(num_workers)]
+        self.clocks: list[deque[int]] = [deque() for _ in range(num_workers)]
+        self.referenced: list[set[int]] = [set() for _ in range(num_workers)]
         self.latest: dict[int, int] = {}  # newest version of a key anywhere
         self.ps_version: dict[int, int] = {}  # version the PS holds
         self.pending: list[CommPlan] = []  # plans of the previous iteration (write-backs open)
@@ -120,30 +123,40 @@ class ReferenceScheduler:
                 if row.dirty and any(t != w for t in trainers.get(k, [])):
                     self._write_back(w, k, previous)
 
-        # Cache operations: touches, pulls and LRU evictions in first-occurrence order.
+        # Cache operations (CLOCK): pulls of every key without a valid copy, in
+        # first-occurrence order; room for the keys not cached, made at the head of the
+        # clock: a key of this mini-batch, or one used since its entry last came round
+        # (the mark is cleared), goes round again; any other is evicted.
         evict: list[list[int]] = [[] for _ in range(n)]
         pull: list[list[int]] = [[] for _ in range(n)]
         for w in range(n):
-            cache = self.caches[w]
+            cache, clock, used = self.caches[w], self.clocks[w], self.referenced[w]
+            mine = set(worker_keys[w])
             for k in worker_keys[w]:
-                if k in cache:
-                    if not self.valid(w, k):
-                        assert self.ps_version.get(k, 0) == self.latest.get(k, 0), "lost update"
-                        cache[k] = CachedRow(self.latest.get(k, 0), False)
-                        pull[w].append(k)
-                    else:
-                        self.counts.hits += 1
-                    cache.move_to_end(k)
+                if self.valid(w, k):
+                    self.counts.hits += 1
+                else:
+                    assert self.ps_version.get(k, 0) == self.latest.get(k, 0), "lost update"
+                    pull[w].append(k)
+            missing = [k for k in worker_keys[w] if k not in cache]
+            need = len(cache) + len(missing) - self.capacity
+            while need > 0:
+                victim = clock.popleft()
+                if victim in mine or victim in used:
+                    if victim not in mine:
+                        used.discard(victim)
+                    clock.append(victim)
                     continue
-                if len(cache) == self.capacity:
-                    victim, row = next(iter(cache.items()))
-                    if row.dirty:  # evicting a dirty row: written back at the end of t-1
-                        self._write_back(w, victim, previous)
-                    del cache[victim]
-                    evict[w].append(victim)
-                assert self.ps_version.get(k, 0) == self.latest.get(k, 0), "lost update"
+                if cache[victim].dirty:  # evicting a dirty row: written back at the end of t-1
+                    self._write_back(w, victim, previous)
+                del cache[victim]
+                used.discard(victim)
+                evict[w].append(victim)
+                need -= 1
+            for k in pull[w]:  # a pulled copy is the PS's: the latest, clean
                 cache[k] = CachedRow(self.latest.get(k, 0), False)
-                pull[w].append(k)
+            clock.extend(missing)
+            used.update(worker_keys[w])
 
         # Training: every key of a worker's mini-batch is updated by it.
         update_local: list[list[int]] = [[] for _ in range(n)]

@@ -290,12 +290,21 @@ class Scheduler:
             raise CacheTooSmall(w, batch.iteration, int(sizes[w]), mirror.capacity)
         # Validated: from here on the mirror changes.
         flush_workers, flush_keys = self._checkpoint_flush()
-        mirror.reserve(wl_offsets)
-        out, counts, victims = _cache_ops(mirror, wl_offsets, wl_lids, info)
-        dirty_evicted = kernels.drop_victims(wl_offsets, counts, victims, mirror.holders)
-        prev_workers, prev_keys, now_workers, now_keys = _settle(
-            mirror, info, dirty_evicted, self.planner.on_demand
+        ops = mirror.scratch("ops", kernels.OP_FIELDS * info.shape[0]).view(np.uint64)
+        ops = ops.reshape(-1, kernels.OP_FIELDS)
+        prev_workers, prev_keys, now_workers, now_keys, inserts = _touch_keys(
+            mirror, info, ops, self.planner.on_demand
         )
+        out, counts = _evict_and_list(mirror, wl_offsets, wl_lids, info, ops, inserts)
+        if counts[:, 4].any():  # dirty rows evicted now: written back by the previous plans
+            starts, dirty_counts = wl_offsets[:-1].tolist(), counts[:, 4].tolist()
+            dirty = np.concatenate(
+                [out[3][a : a + c] for a, c in zip(starts, dirty_counts, strict=True)]
+            )
+            prev_workers = np.concatenate(
+                [prev_workers, np.repeat(np.arange(n, dtype=np.int64), counts[:, 4])]
+            )
+            prev_keys = np.concatenate([prev_keys, dirty])
         self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
@@ -366,68 +375,62 @@ class Scheduler:
 PARALLEL_PAIRS = 32_768  # below this many (key, worker) pairs, one thread is faster
 
 
-def _cache_ops(
+def _touch_keys(
+    mirror: CacheMirror, info: npt.NDArray[np.uint64], ops: npt.NDArray[np.uint64],
+    on_demand: bool,
+) -> tuple[npt.NDArray[np.int64], ...]:  # fmt: skip
+    """Stage 3 (``kernels.touch_keys``): the batch's keys, in pieces on two threads for a
+    big batch (each key's record is its own). Returns (previous write-backs: workers,
+    keys; this iteration's: workers, keys; keys each worker inserts)."""
+    nb, n = info.shape[0], mirror.num_workers
+    pieces = 1 if nb < PARALLEL_KEYS else PIECES
+    bounds = np.linspace(0, nb, pieces + 1).astype(int).tolist()
+    inserts = np.zeros((pieces, n), np.int64)
+    parts = run_pieces([
+        partial(kernels.touch_keys, info, a, b, mirror.records, ops, inserts[i], on_demand)
+        for i, (a, b) in enumerate(itertools.pairwise(bounds))
+    ])  # fmt: skip
+    if pieces == 1:
+        return (*parts[0], inserts[0])
+    return (
+        *(np.concatenate([p[j] for p in parts]) for j in range(4)),
+        inserts.sum(axis=0),
+    )
+
+
+def _evict_and_list(
     mirror: CacheMirror,
     wl_offsets: npt.NDArray[np.int64],
     wl_lids: npt.NDArray[np.int64],
     info: npt.NDArray[np.uint64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Stage 3 (``kernels.cache_ops``) for every worker: on two threads, each with about
-    half of the (key, worker) pairs, when the batch is big enough to pay for it.
+    ops: npt.NDArray[np.uint64],
+    inserts: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Stage 4 (``kernels.evict_and_list``) for every worker: on two threads, each with
+    about half of the (key, worker) pairs, when the batch is big enough to pay for it.
 
-    Returns (out_keys, counts, victims) as ``kernels.cache_ops`` fills them."""
+    Returns (out_keys, counts) as ``kernels.evict_and_list`` fills them."""
     n = mirror.num_workers
     total = int(wl_offsets[-1])
-    out = np.empty((3, total), np.int64)  # the plans keep views of it
-    counts = np.zeros((n, 4), np.int64)
-    victims = mirror.scratch("victims", total)
+    out = np.empty((4, total), np.int64)  # the plans keep views of it
+    counts = np.zeros((n, 5), np.int64)
     co_trained = mirror.scratch("co_trained", total)
-    mirror.fresh_tables(np.diff(wl_offsets))
     args = (
-        wl_offsets, wl_lids, info, mirror.capacity, mirror.tables, mirror.fresh,
-        mirror.placeholder, mirror.queue, mirror.queue_head, mirror.queue_tail, mirror.used,
-        mirror.dirty_owner, mirror.key, out, counts, victims, co_trained,
+        wl_offsets, wl_lids, info, ops, inserts, mirror.capacity, mirror.rings, mirror.heads,
+        mirror.used, mirror.flat, mirror.key_of, out, counts, co_trained,
     )  # fmt: skip
     if total < PARALLEL_PAIRS or n == 1:
-        kernels.cache_ops(np.arange(n, dtype=np.int64), *args)
-        return out, counts, victims
+        kernels.evict_and_list(np.arange(n, dtype=np.int64), *args)
+        return out, counts
     pieces = min(PIECES, n)
     # Worker groups of about equal pairs: cut the pair offsets at equal shares.
     cuts = np.searchsorted(wl_offsets, np.arange(1, pieces) * total // pieces)
     edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, n - 1), [n]])).tolist()
     run_pieces([
-        partial(kernels.cache_ops, np.arange(a, b, dtype=np.int64), *args)
+        partial(kernels.evict_and_list, np.arange(a, b, dtype=np.int64), *args)
         for a, b in itertools.pairwise(edges)
     ])  # fmt: skip
-    return out, counts, victims
-
-
-def _settle(
-    mirror: CacheMirror,
-    info: npt.NDArray[np.uint64],
-    dirty_evicted: npt.NDArray[np.int64],
-    on_demand: bool,
-) -> tuple[npt.NDArray[np.int64], ...]:
-    """Stage 4: the evicted dirty rows first, then the batch's keys (``kernels.settle``),
-    in two halves at once for a big batch (each key's record is its own)."""
-    ev_workers, ev_keys = kernels.settle_evicted(dirty_evicted, mirror.dirty_owner, mirror.key)
-    nb = info.shape[0]
-    args = (mirror.holders, mirror.dirty_owner, on_demand)
-    if nb < PARALLEL_KEYS:
-        prev_w, prev_k, now_w, now_k = kernels.settle(info, 0, nb, *args)
-        if ev_workers.shape[0]:
-            prev_w, prev_k = np.concatenate([ev_workers, prev_w]), np.concatenate([ev_keys, prev_k])
-        return prev_w, prev_k, now_w, now_k
-    bounds = np.linspace(0, nb, PIECES + 1).astype(int).tolist()
-    parts = run_pieces([
-        partial(kernels.settle, info, a, b, *args) for a, b in itertools.pairwise(bounds)
-    ])  # fmt: skip
-    return (
-        np.concatenate([ev_workers, *(p[0] for p in parts)]),
-        np.concatenate([ev_keys, *(p[1] for p in parts)]),
-        np.concatenate([p[2] for p in parts]),
-        np.concatenate([p[3] for p in parts]),
-    )
+    return out, counts
 
 
 def _sorted_by_worker(

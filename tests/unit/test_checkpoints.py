@@ -73,8 +73,8 @@ def test_a_checkpoint_plan_writes_back_every_dirty_row(mode: str) -> None:
     for batch in _batches(12):
         released_plain += plain.submit(batch)
         m = checked.mirror
-        owners = m.dirty_owner[: len(m.index)].copy()
-        dirty_keys = m.key[: len(m.index)][owners >= 0]
+        owners = m.dirty_owners()
+        dirty_keys = m.key_of[: len(m.index)][owners >= 0]
         released = checked.submit(batch)
         released_checked += released
         if released and released[0].checkpoint:

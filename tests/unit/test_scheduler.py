@@ -14,7 +14,6 @@ from heraldps.plan import CommPlan
 from scheduler_service import mirror as mirror_module
 from scheduler_service import scheduler as scheduler_module
 from scheduler_service.batch import Batch
-from scheduler_service.mirror import growth_threshold
 from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES, Scheduler
 
@@ -228,29 +227,41 @@ def test_bad_batches() -> None:
 
 
 @pytest.mark.parametrize("mode", ["naive", "herald"])
-def test_many_workers_use_the_slot_table_and_still_equal_the_reference(mode: str) -> None:
-    """Many workers, each with its own position table, grown as its cache fills."""
+def test_many_workers_evict_and_still_equal_the_reference(mode: str) -> None:
+    """Many workers, each with its own clock, evicting as their caches fill."""
     batches = random_batches(3, 10, 20, 3, 4, 400)
     fast, ref = Scheduler(20, 14, mode), ReferenceScheduler.for_mode(20, 14, mode)
-    assert len(fast.mirror.tables) == 20
+    assert len(fast.mirror.rings) == 20
     for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
         assert a.same_as(b)
     assert fast.counts == ref.counts and fast.counts.evictions > 0
+    for w in range(20):  # the mirror's clocks are the reference's, entry for entry
+        assert fast.mirror.cached_keys(w).tolist() == list(ref.clocks[w])
 
 
 @pytest.mark.parametrize("workers", [3, 20])
-def test_long_runs_compact_the_lru_queues_and_still_equal_the_reference(workers: int) -> None:
-    """Every touch appends to a worker's LRU queue; a full queue is compacted, not grown."""
+def test_long_runs_wrap_the_clocks_and_still_equal_the_reference(workers: int) -> None:
+    """Over 500 batches every clock wraps round its ring many times."""
     batches = random_batches(11, 500, workers, 4, 6, 90)
     fast, ref = Scheduler(workers, 24, "herald"), ReferenceScheduler.for_mode(workers, 24, "herald")
     for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
         assert a.same_as(b)
     assert fast.counts == ref.counts and fast.counts.evictions > 0
-    touches = sum(p.update_local.shape[0] + p.push_grads.shape[0] for p in run(
-        Scheduler(workers, 24, "herald"), batches))  # fmt: skip
-    queue = fast.mirror.queue
-    assert touches / workers > 2 * queue.shape[1]  # the queues were compacted several times
-    assert (fast.mirror.queue_tail - fast.mirror.queue_head <= queue.shape[1]).all()
+    assert (fast.mirror.used <= 24).all()
+    assert fast.counts.evictions > 10 * workers * 32  # far more than any ring's length
+    for w in range(workers):
+        assert fast.mirror.cached_keys(w).tolist() == list(ref.clocks[w])
+
+
+def test_a_clock_never_evicts_a_key_of_the_current_mini_batch() -> None:
+    """Worker 0 caches 4 rows; its next mini-batch reuses the oldest two and adds two new
+    ones: the two newest old rows are evicted, not the ones it is about to train."""
+    s = Scheduler(1, 4, "herald")
+    s.submit(Batch.from_arrays(0, [0, 4], [1, 2, 3, 4], 1))
+    plans = s.submit(Batch.from_arrays(1, [0, 4], [1, 2, 5, 6], 1)) + s.finish()
+    second = plans[-1]
+    assert sorted(second.evict.tolist()) == [3, 4]
+    assert second.pull.tolist() == [5, 6]
 
 
 @pytest.mark.parametrize("mode", ["herald", "naive", "herald_pipelined"])
@@ -269,9 +280,9 @@ def test_two_threads_plan_exactly_as_the_reference(
     assert fast.counts == ref.counts and fast.counts.evictions > 0
 
 
-def test_position_tables_and_records_grow_and_still_equal_the_reference() -> None:
-    """Caches of 1,500 rows outgrow the first 1,024-slot position tables, and 5,000 keys
-    outgrow records sized for a hint of 10 keys: both grow by the documented policy."""
+def test_rings_and_records_grow_and_still_equal_the_reference() -> None:
+    """Caches of 1,500 rows outgrow the first 1,024-entry rings, and 5,000 keys outgrow
+    records sized for a hint of 10 keys: both grow by the documented policy."""
     rng = np.random.default_rng(9)
     offsets = np.arange(3 * 40 + 1) * 8
     batches = [Batch.from_arrays(t, offsets, rng.integers(0, 5000, 3 * 40 * 8), 3)
@@ -281,15 +292,9 @@ def test_position_tables_and_records_grow_and_still_equal_the_reference() -> Non
     for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
         assert a.same_as(b)
     assert fast.counts == ref.counts and fast.counts.evictions > 0
-    assert min(table.shape[0] for table in fast.mirror.tables) > 1024
+    assert min(ring.shape[0] for ring in fast.mirror.rings) > 1024
     assert len(fast.mirror.index) > 1024
     assert fast.mirror.holders.shape[0] >= len(fast.mirror.index)
-
-
-def test_growth_thresholds_are_staggered_between_a_quarter_and_a_half() -> None:
-    thresholds = [growth_threshold(w) for w in range(64)]
-    assert min(thresholds) > 0.25 and max(thresholds) == 0.5
-    assert len(set(thresholds[:8])) == 8
 
 
 def test_expected_keys_sizes_the_mirror_up_front() -> None:
