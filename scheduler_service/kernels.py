@@ -136,7 +136,7 @@ def merge_local_ids(table, first, second, lids, start):  # type: ignore[no-untyp
 
 
 @njit(nogil=True)
-def key_rows(slots, uniq, holders, info, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
+def key_rows(slots, uniq, holders, info, hold, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Fill ``info[first:last]`` (KID, KEY, HOLDERS; TRAINERS 0) for the batch's distinct
     keys ``uniq[first:last]``, looked up in a ``KeyIndex``'s ``slots`` (read only, so two
     ranges may run at once). A key not registered yet gets KID 2**64 - 1 (-1) and no
@@ -162,11 +162,12 @@ def key_rows(slots, uniq, holders, info, first, last):  # type: ignore[no-untype
         k = np.int64(info[i, KID])
         info[i, KEY] = uniq[i]
         info[i, HOLDERS] = holders[k] if k >= 0 else np.uint64(0)
+        hold[i] = info[i, HOLDERS]
         info[i, TRAINERS] = 0
 
 
 @njit(nogil=True)
-def rows_of_kids(kids, uniq, holders, info):  # type: ignore[no-untyped-def]  # pragma: no cover
+def rows_of_kids(kids, uniq, holders, info, hold):  # type: ignore[no-untyped-def]  # pragma: no cover
     """:func:`key_rows` for keys whose kids are known (all registered)."""
     n = kids.shape[0]
     for i in range(min(PREFETCH_DISTANCE, n)):
@@ -177,26 +178,29 @@ def rows_of_kids(kids, uniq, holders, info):  # type: ignore[no-untyped-def]  # 
         info[i, KID] = kids[i]
         info[i, KEY] = uniq[i]
         info[i, HOLDERS] = holders[kids[i]]
+        hold[i] = info[i, HOLDERS]
         info[i, TRAINERS] = 0
 
 
 @njit(nogil=True, inline="always")
 def _choose_worker(  # type: ignore[no-untyped-def]  # pragma: no cover
-    i, offsets, lids, info, seen, room, scores, touched, choose, given, first_free, end
+    i, offsets, lids, hold, seen, room, scores, touched, choose, given, first_free, end
 ):
     """Sample ``i``'s worker (Algorithm 1's choice, or ``given[i]``), shared by
     :func:`partition` and :func:`choose_chunk`: (worker, lowest worker that may have room,
-    1 if some worker holds one of its keys validly, 1 if the chosen one holds the most)."""
+    1 if some worker holds one of its keys validly, 1 if the chosen one holds the most).
+    ``hold[lid]``: the workers holding key ``lid`` validly (a compact copy of the info
+    column: this loop reads it once per key occurrence). A key nobody holds scores
+    nothing, so only held keys are checked for repeats within the sample (``seen``)."""
     count = 0
     for p in range(offsets[i], offsets[i + 1]):
         if p + PREFETCH_DISTANCE < end:
-            prefetch(info, lids[p + PREFETCH_DISTANCE])
-            prefetch(seen, lids[p + PREFETCH_DISTANCE])
+            prefetch(hold, lids[p + PREFETCH_DISTANCE])
         lid = lids[p]
-        if seen[lid] == i:
+        mask = hold[lid]
+        if not mask or seen[lid] == i:
             continue
         seen[lid] = i
-        mask = info[lid, HOLDERS]
         while mask:
             low = mask & (~mask + np.uint64(1))
             w = bit_index(low)
@@ -235,7 +239,7 @@ def _choose_worker(  # type: ignore[no-untyped-def]  # pragma: no cover
 
 # ----- stage 1: partition and mini-batches, one pass --------------------------
 @njit(nogil=True)
-def partition(offsets, lids, info, num_workers, per_worker, given, pairs, seen):  # type: ignore[no-untyped-def]  # pragma: no cover
+def partition(offsets, lids, info, hold, num_workers, per_worker, given, pairs, seen):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Each sample's worker and, in the same pass, each worker's mini-batch keys.
 
     With ``given`` empty: Herald Algorithm 1, each sample, in input order, goes to the
@@ -251,44 +255,35 @@ def partition(offsets, lids, info, num_workers, per_worker, given, pairs, seen):
     ``info[lid, TRAINERS]`` (bit w: worker w trains the key).
     """
     samples = offsets.shape[0] - 1
-    total = lids.shape[0]
     choose = given.shape[0] == 0
     room = np.full(num_workers, per_worker, dtype=np.int64)
     assign = np.empty(samples, dtype=np.int64)
     scores = np.zeros(num_workers, dtype=np.int64)
     touched = np.empty(num_workers, dtype=np.int64)
+    trainers = np.zeros(hold.shape[0], dtype=np.uint64)  # compact: read per occurrence
+    end = lids.shape[0]
     seen[:] = -1  # ``seen`` (nb) and ``pairs`` (len(lids)) are the caller's scratch
     npairs = 0  # pairs: lid << 8 | worker
     first_free = 0
     held = 0
     local = 0
-    for p in range(min(PREFETCH_DISTANCE, total)):
-        prefetch(info, lids[p])
-        prefetch(seen, lids[p])
     for i in range(samples):
         best, first_free, h, loc = _choose_worker(
-            i, offsets, lids, info, seen, room, scores, touched, choose, given, first_free, total
+            i, offsets, lids, hold, seen, room, scores, touched, choose, given, first_free, end
         )
         assign[i] = best
         held += h
         local += loc
         bit = np.uint64(1) << np.uint64(best)
         for p in range(offsets[i], offsets[i + 1]):
+            if p + PREFETCH_DISTANCE < end:
+                prefetch(trainers, lids[p + PREFETCH_DISTANCE])
             lid = lids[p]
-            if not info[lid, TRAINERS] & bit:
-                info[lid, TRAINERS] |= bit
+            if not trainers[lid] & bit:
+                trainers[lid] |= bit
                 pairs[npairs] = (np.int64(lid) << 8) | best
                 npairs += 1
-    counts = np.zeros(num_workers + 1, dtype=np.int64)
-    for q in range(npairs):
-        counts[(pairs[q] & 255) + 1] += 1
-    wl_offsets = np.cumsum(counts)
-    fill = wl_offsets[:-1].copy()
-    wl_lids = np.empty(npairs, dtype=np.int64)
-    for q in range(npairs):
-        w = pairs[q] & 255
-        wl_lids[fill[w]] = pairs[q] >> 8
-        fill[w] += 1
+    wl_offsets, wl_lids = group_pairs(pairs, npairs, num_workers, trainers, info)
     return assign, held, local, wl_offsets, wl_lids
 
 
@@ -296,7 +291,7 @@ def partition(offsets, lids, info, num_workers, per_worker, given, pairs, seen):
 # chunk c + 1 (``choose_chunk``) while the helper thread lists the keys of chunk c
 # (``list_chunk``, chunks in order), then the pairs are grouped (``group_pairs``).
 @njit(nogil=True)
-def choose_chunk(offsets, lids, info, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
+def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
     """:func:`partition`'s choice for samples ``first..last-1``; ``state`` carries
     (lowest worker that may have room, held, local) from chunk to chunk."""
     num_workers = room.shape[0]
@@ -305,12 +300,9 @@ def choose_chunk(offsets, lids, info, seen, room, state, assign, first, last, gi
     touched = np.empty(num_workers, dtype=np.int64)
     first_free, held, local = state[0], state[1], state[2]
     end = offsets[last]
-    for p in range(offsets[first], min(offsets[first] + PREFETCH_DISTANCE, end)):
-        prefetch(info, lids[p])
-        prefetch(seen, lids[p])
     for i in range(first, last):
         best, first_free, h, loc = _choose_worker(
-            i, offsets, lids, info, seen, room, scores, touched, choose, given, first_free, end
+            i, offsets, lids, hold, seen, room, scores, touched, choose, given, first_free, end
         )
         assign[i] = best
         held += h

@@ -138,7 +138,7 @@ class CacheMirror:
     def _size_local(self, which: int) -> None:
         """Scratch table ``which`` at load about 1/3 for as many keys as it saw last
         (kept while within 2x of that)."""
-        want = max(_MIN_TABLE, _pow2_at_least(3 * self._distinct[which]))
+        want = max(_MIN_TABLE, _pow2_at_least(2 * self._distinct[which]))
         if not want // 2 <= self._local[which].shape[0] <= 2 * want:
             self._local[which] = _empty_local(want)
 
@@ -156,25 +156,29 @@ class CacheMirror:
         self._distinct[which] = uniq.shape[0]
         return uniq, slots
 
-    def key_rows(self, uniq: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+    def key_rows(
+        self, uniq: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
         """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``, ``TRAINERS`` = 0) of the
-        batch's distinct keys, registering new keys (kids in first-occurrence order).
+        batch's distinct keys, registering new keys (kids in first-occurrence order), and
+        ``hold``, a compact copy of the HOLDERS column for the partition.
 
         Looked up in two halves at once for a big batch (one compiled call each); the
         keys not found are then inserted on this thread, the only one that changes the
         index."""
         nb = uniq.shape[0]
         info = self.scratch("info", 4 * nb).view(np.uint64).reshape(nb, 4)
+        hold = self.scratch("hold", nb).view(np.uint64)
         if nb < PARALLEL_KEYS:  # one thread: register and look up in one pass
             known = len(self.index)
             kids = self.index.insert(uniq)
             self._register(known, uniq[kids >= known] if len(self.index) > known else uniq[:0])
-            kernels.rows_of_kids(kids, uniq, self.holders, info)
-            return info
+            kernels.rows_of_kids(kids, uniq, self.holders, info, hold)
+            return info, hold
         slots, holders = self.index.slots, self.holders
         bounds = np.linspace(0, nb, PIECES + 1).astype(int).tolist()
         run_pieces([
-            partial(kernels.key_rows, slots, uniq, holders, info, a, b)
+            partial(kernels.key_rows, slots, uniq, holders, info, hold, a, b)
             for a, b in itertools.pairwise(bounds)
         ])  # fmt: skip
         missing = np.flatnonzero(info[:, kernels.KID].view(np.int64) < 0)
@@ -184,7 +188,7 @@ class CacheMirror:
             fresh = self.index.insert(new_keys)
             self._register(known, new_keys)
             info[missing, kernels.KID] = fresh.astype(np.uint64)
-        return info
+        return info, hold
 
     def _register(self, known: int, new_keys: npt.NDArray[np.int64]) -> None:
         """Records for the keys the index just numbered ``known..``, in that order (new

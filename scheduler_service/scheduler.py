@@ -71,22 +71,23 @@ class Partitioner(abc.ABC):
     @abc.abstractmethod
     def assign(
         self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64],
+        hold: npt.NDArray[np.uint64], scratch: npt.NDArray[np.int64],
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         """Worker of every sample (each worker gets exactly ``samples_per_worker``), and
-        the mini-batches; ``scratch``: len(lids) + len(info) int64 of working space."""
+        the mini-batches; ``hold``: ``info``'s HOLDERS column, compact; ``scratch``:
+        len(lids) + len(info) int64 of working space."""
 
 
 def _partition(
     batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-    given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64],
+    hold: npt.NDArray[np.uint64], given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64],
 ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
     """``kernels.partition``; ``scratch``: len(lids) + len(info) int64 of working space."""
     pairs, seen = scratch[: lids.shape[0]], scratch[lids.shape[0] :].view(np.int32)
     if lids.shape[0] >= PARALLEL_KEYS and batch.samples >= 2 * PARTITION_CHUNKS:
-        return _partition_pipelined(batch, lids, info, given, pairs, seen[: info.shape[0]])
+        return _partition_pipelined(batch, lids, info, hold, given, pairs, seen[: info.shape[0]])
     workers, held, local, offsets, wl_lids = kernels.partition(
-        batch.offsets, lids, info, batch.num_workers, batch.samples_per_worker, given, pairs,
+        batch.offsets, lids, info, hold, batch.num_workers, batch.samples_per_worker, given, pairs,
         seen[: info.shape[0]],
     )  # fmt: skip
     return Assignment(workers, int(held), int(local)), (offsets, wl_lids)
@@ -97,7 +98,8 @@ PARTITION_CHUNKS = 8  # chunks of samples a big batch's partition is pipelined i
 
 def _partition_pipelined(
     batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-    given: npt.NDArray[np.int64], pairs: npt.NDArray[np.int64], seen: npt.NDArray[np.int32],
+    hold: npt.NDArray[np.uint64], given: npt.NDArray[np.int64], pairs: npt.NDArray[np.int64],
+    seen: npt.NDArray[np.int32],
 ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
     """``kernels.partition`` in chunks of samples: this thread chooses chunk c + 1 while
     the helper lists chunk c. Lists run strictly in chunk order (first occurrence
@@ -133,7 +135,7 @@ def _partition_pipelined(
             list_(c)
 
     for c, (a, b) in enumerate(chunks):
-        kernels.choose_chunk(batch.offsets, lids, info, seen, room, choice_state, assign, a, b,
+        kernels.choose_chunk(batch.offsets, lids, hold, seen, room, choice_state, assign, a, b,
                              given)  # fmt: skip
         HELPER.submit(helper, c)
     for c in range(len(chunks)):
@@ -154,10 +156,10 @@ class SequentialPartitioner(Partitioner):
 
     def assign(
         self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64],
+        hold: npt.NDArray[np.uint64], scratch: npt.NDArray[np.int64],
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         given = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
-        return _partition(batch, lids, info, given, scratch)
+        return _partition(batch, lids, info, hold, given, scratch)
 
 
 class LocationAwarePartitioner(Partitioner):
@@ -165,9 +167,9 @@ class LocationAwarePartitioner(Partitioner):
 
     def assign(
         self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64],
+        hold: npt.NDArray[np.uint64], scratch: npt.NDArray[np.int64],
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-        return _partition(batch, lids, info, np.empty(0, np.int64), scratch)
+        return _partition(batch, lids, info, hold, np.empty(0, np.int64), scratch)
 
 
 class SyncPlanner(abc.ABC):
@@ -278,9 +280,11 @@ class Scheduler:
         n = mirror.num_workers
         check_next_batch(batch, n, self.next_iteration)
         lids, uniq = mirror.local_ids(batch.keys)
-        info = mirror.key_rows(uniq)
+        info, hold = mirror.key_rows(uniq)
         scratch = mirror.scratch("partition", lids.shape[0] + info.shape[0])
-        assignment, (wl_offsets, wl_lids) = self.partitioner.assign(batch, lids, info, scratch)
+        assignment, (wl_offsets, wl_lids) = self.partitioner.assign(
+            batch, lids, info, hold, scratch
+        )
         assign = assignment.workers
         mirror.samples_seen += batch.samples
         mirror.batches_seen += 1
