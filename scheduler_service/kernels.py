@@ -22,7 +22,6 @@ from heraldps.keyindex import home, probe_from
 from heraldps.prefetch import prefetch
 
 PREFETCH_DISTANCE = 16
-EMPTY = -1  # an empty slot of a local-id table or a position table
 _DEBRUIJN_INT = 0x03F79D71B4CB0A89
 _DEBRUIJN = np.uint64(_DEBRUIJN_INT)
 _BIT_OF = np.zeros(64, dtype=np.int64)
@@ -61,53 +60,53 @@ KID, KEY, HOLDERS, TRAINERS = 0, 1, 2, 3
 
 
 @njit(nogil=True)
-def local_ids(keys, table, lids, start):  # type: ignore[no-untyped-def]  # pragma: no cover
+def local_ids(keys, table, gen, lids, start):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Number the distinct keys of ``keys`` in order of first occurrence, writing each
     key's number to ``lids[start + i]``.
 
-    ``table`` is an all-EMPTY ``[S, 2]`` scratch table (key, lid), S a power of two, left
-    holding the keys (:func:`clear_slots` empties it). Returns (distinct keys, their
-    slots); both empty when more than S / 2 distinct keys came (retry with 2 S).
+    ``table`` is a ``[S, 2]`` scratch table of (key, ``gen << 32 | lid``), S a power of
+    two: a slot written under another generation than ``gen`` counts as empty, so a
+    table is reused batch after batch without clearing (each batch, a new ``gen``).
+    Returns the distinct keys; none when more than S / 2 distinct keys came (retry with
+    2 S).
     """
     n = keys.shape[0]
     mask = np.uint64(table.shape[0] - 1)
     limit = table.shape[0] // 2
     uniq = np.empty(min(n, limit), dtype=np.int64)
-    slot_of = np.empty(min(n, limit), dtype=np.int64)
+    stamp = np.int64(gen) << 32
+    homes = np.empty(PREFETCH_DISTANCE, dtype=np.uint64)  # a ring: each key hashed once
+    ring = PREFETCH_DISTANCE - 1
     nb = 0
     for i in range(min(PREFETCH_DISTANCE, n)):
-        prefetch(table, mix(keys[i]) & mask)
+        homes[i] = mix(keys[i]) & mask
+        prefetch(table, homes[i])
     for i in range(n):
+        s = homes[i & ring]
         if i + PREFETCH_DISTANCE < n:
-            prefetch(table, mix(keys[i + PREFETCH_DISTANCE]) & mask)
+            h = mix(keys[i + PREFETCH_DISTANCE]) & mask
+            homes[i & ring] = h
+            prefetch(table, h)
         k = keys[i]
-        s = mix(k) & mask
-        while table[s, 1] != EMPTY and table[s, 0] != k:
+        while (table[s, 1] >> 32) == gen and table[s, 0] != k:
             s = (s + np.uint64(1)) & mask
-        if table[s, 1] == EMPTY:
+        if (table[s, 1] >> 32) != gen:
             if nb == limit:
-                clear_slots(table, slot_of[:nb])
-                return uniq[:0], slot_of[:0]
+                return uniq[:0]
             table[s, 0] = k
-            table[s, 1] = nb
+            table[s, 1] = stamp | nb
             uniq[nb] = k
-            slot_of[nb] = s
             nb += 1
-        lids[start + i] = table[s, 1]
-    return uniq[:nb], slot_of[:nb]
+        lids[start + i] = table[s, 1] & _LOW32
+    return uniq[:nb]
 
 
 @njit(nogil=True)
-def clear_slots(table, slots):  # type: ignore[no-untyped-def]  # pragma: no cover
-    for j in range(slots.shape[0]):
-        table[slots[j], 1] = EMPTY
-
-
-@njit(nogil=True)
-def merge_local_ids(table, first, second, lids, start):  # type: ignore[no-untyped-def]  # pragma: no cover
+def merge_local_ids(table, gen, first, second, lids, start):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Join the numbering of a batch's second half (``second``, its lids at
-    ``lids[start:]``) to the first's (``first``, in ``table``): keys the first half has
-    keep its number, the others follow in their order. Returns the batch's distinct keys."""
+    ``lids[start:]``) to the first's (``first``, in ``table`` under ``gen``): keys the first
+    half has keep its number, the others follow in their order. Returns the batch's
+    distinct keys."""
     nfirst = first.shape[0]
     mask = np.uint64(table.shape[0] - 1)
     remap = np.empty(second.shape[0], dtype=np.int64)
@@ -122,10 +121,10 @@ def merge_local_ids(table, first, second, lids, start):  # type: ignore[no-untyp
             prefetch(table, mix(second[j + PREFETCH_DISTANCE]) & mask)
         k = second[j]
         s = mix(k) & mask
-        while table[s, 1] != EMPTY and table[s, 0] != k:
+        while (table[s, 1] >> 32) == gen and table[s, 0] != k:
             s = (s + np.uint64(1)) & mask
-        if table[s, 1] != EMPTY:
-            remap[j] = table[s, 1]
+        if (table[s, 1] >> 32) == gen:
+            remap[j] = table[s, 1] & _LOW32
         else:
             remap[j] = nb
             uniq[nb] = k

@@ -62,10 +62,9 @@ PIECES = 4  # pieces of a split stage (``split.run_pieces``): the two threads ba
 
 
 def _empty_local(size: int) -> npt.NDArray[np.int64]:
-    """A batch's scratch (key, lid) table; big ones on huge pages (``heraldps.hostmem``)."""
-    table = hostmem.zeros((size, 2), np.int64)
-    table[:, 1] = kernels.EMPTY
-    return table
+    """A batch's scratch (key, generation << 32 | lid) table, all slots of generation 0
+    (empty); big ones on huge pages (``heraldps.hostmem``)."""
+    return hostmem.zeros((size, 2), np.int64)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -96,6 +95,7 @@ class CacheMirror:
         self.used = np.zeros(num_workers, np.int64)
         self._local = [_empty_local(_MIN_TABLE), _empty_local(_MIN_TABLE)]
         self._distinct = [0, 0]  # distinct keys the scratch tables saw last
+        self._gen = 0  # generation of the scratch tables' live entries (0: none)
         self._scratch: dict[str, npt.NDArray[np.int64]] = {}
         self.samples_seen = 0
         self.batches_seen = 0
@@ -110,51 +110,58 @@ class CacheMirror:
         are joined to the first's (``kernels.merge_local_ids``)."""
         n = keys.shape[0]
         lids = self.scratch("lids", n)
+        self._gen += 1  # every scratch table's old entries now count as empty
+        if self._gen == 2**31:  # generations wrap: clear the tables once
+            self._local = [_empty_local(t.shape[0]) for t in self._local]
+            self._gen = 1
         if n < PARALLEL_KEYS:
-            uniq, slots = self._number(0, keys, lids, 0)
-            kernels.clear_slots(self._local[0], slots)
-            return lids, uniq
+            return lids, self._number(0, keys, lids, 0)
         half = n // 2
         self._size_local(0)
         self._size_local(1)
-        tables = self._local
-        (first, first_slots), (second, second_slots) = run_pieces([
-            partial(kernels.local_ids, keys[:half], tables[0], lids, 0),
-            partial(kernels.local_ids, keys[half:], tables[1], lids, half),
+        tables, gen = self._local, self._gen
+        first, second = run_pieces([
+            partial(kernels.local_ids, keys[:half], tables[0], gen, lids, 0),
+            partial(kernels.local_ids, keys[half:], tables[1], gen, lids, half),
         ])  # fmt: skip
-        if not first.shape[0]:  # a half overflowed its table: number it here, with room
-            first, first_slots = self._number(0, keys[:half], lids, 0)
+        if not first.shape[0] and half:  # a half overflowed its table: number it here
+            first = self._number(0, keys[:half], lids, 0, overflowed=True)
         else:
             self._distinct[0] = first.shape[0]
-        if second.shape[0]:
+        if second.shape[0] or not n - half:
             self._distinct[1] = second.shape[0]
         else:
-            second, second_slots = self._number(1, keys[half:], lids, half)
-        kernels.clear_slots(self._local[1], second_slots)
-        uniq = kernels.merge_local_ids(self._local[0], first, second, lids, half)
-        kernels.clear_slots(self._local[0], first_slots)
+            second = self._number(1, keys[half:], lids, half, overflowed=True)
+        uniq = kernels.merge_local_ids(self._local[0], gen, first, second, lids, half)
         return lids, uniq
 
     def _size_local(self, which: int) -> None:
         """Scratch table ``which`` at load about 1/3 for as many keys as it saw last
         (kept while within 2x of that)."""
-        want = max(_MIN_TABLE, _pow2_at_least(2 * self._distinct[which]))
+        want = max(_MIN_TABLE, _pow2_at_least(3 * self._distinct[which]))
         if not want // 2 <= self._local[which].shape[0] <= 2 * want:
             self._local[which] = _empty_local(want)
 
     def _number(
-        self, which: int, keys: npt.NDArray[np.int64], lids: npt.NDArray[np.int64], start: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        self, which: int, keys: npt.NDArray[np.int64], lids: npt.NDArray[np.int64], start: int,
+        overflowed: bool = False,
+    ) -> npt.NDArray[np.int64]:  # fmt: skip
         """``kernels.local_ids`` on scratch table ``which`` (:meth:`_size_local`), doubled
-        until the keys fit."""
-        self._size_local(which)
+        until the keys fit. A table a numbering ``overflowed`` holds entries of this
+        generation: it is replaced, twice the size."""
+        if overflowed:
+            self._local[which] = _empty_local(2 * self._local[which].shape[0])
+        else:
+            self._size_local(which)
         while True:
-            uniq, slots = kernels.local_ids(keys, self._local[which], lids, start)
+            uniq: npt.NDArray[np.int64] = kernels.local_ids(
+                keys, self._local[which], self._gen, lids, start
+            )
             if uniq.shape[0] or not keys.shape[0]:
                 break
             self._local[which] = _empty_local(2 * self._local[which].shape[0])
         self._distinct[which] = uniq.shape[0]
-        return uniq, slots
+        return uniq
 
     def key_rows(
         self, uniq: npt.NDArray[np.int64]
