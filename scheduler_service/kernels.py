@@ -55,8 +55,10 @@ def mix(x):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
 
 
 # ----- stage 0: local ids and the batch's key rows ---------------------------------
-# ``info[lid]`` (uint64 [nb, 4], one 32-byte row per distinct key of the batch):
-KID, KEY, HOLDERS, TRAINERS = 0, 1, 2, 3
+# ``info[lid]`` (uint64 [nb, 3], one row per distinct key of the batch); which workers
+# train each key is the partition's compact ``trainers[lid]``:
+KID, KEY, HOLDERS = 0, 1, 2
+INFO_FIELDS = 3
 
 
 @njit(nogil=True)
@@ -136,7 +138,7 @@ def merge_local_ids(table, gen, first, second, lids, start):  # type: ignore[no-
 
 @njit(nogil=True)
 def key_rows(slots, uniq, holders, info, hold, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Fill ``info[first:last]`` (KID, KEY, HOLDERS; TRAINERS 0) for the batch's distinct
+    """Fill ``info[first:last]`` (KID, KEY, HOLDERS) for the batch's distinct
     keys ``uniq[first:last]``, looked up in a ``KeyIndex``'s ``slots`` (read only, so two
     ranges may run at once). A key not registered yet gets KID 2**64 - 1 (-1) and no
     holders. Two prefetch levels: the index slot 2 x 16 keys ahead, the record (which
@@ -162,7 +164,6 @@ def key_rows(slots, uniq, holders, info, hold, first, last):  # type: ignore[no-
         info[i, KEY] = uniq[i]
         info[i, HOLDERS] = holders[k] if k >= 0 else np.uint64(0)
         hold[i] = info[i, HOLDERS]
-        info[i, TRAINERS] = 0
 
 
 @njit(nogil=True)
@@ -178,7 +179,6 @@ def rows_of_kids(kids, uniq, holders, info, hold):  # type: ignore[no-untyped-de
         info[i, KEY] = uniq[i]
         info[i, HOLDERS] = holders[kids[i]]
         hold[i] = info[i, HOLDERS]
-        info[i, TRAINERS] = 0
 
 
 @njit(nogil=True, inline="always")
@@ -236,10 +236,14 @@ def _choose_worker(  # type: ignore[no-untyped-def]  # pragma: no cover
     return best, first_free, held, local
 
 
-# ----- stage 1: partition and mini-batches, one pass --------------------------
+# ----- stage 1: partition (Herald Algorithm 1) and each worker's mini-batch keys -----
+# In chunks of samples: for a big batch the caller chooses the workers of chunk c + 1
+# (``choose_chunk``) while the helper thread lists the keys of chunk c (``list_chunk``,
+# chunks in order); then the pairs are grouped by worker (``group_pairs``).
 @njit(nogil=True)
-def partition(offsets, lids, info, hold, num_workers, per_worker, given, pairs, seen):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Each sample's worker and, in the same pass, each worker's mini-batch keys.
+def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Each sample's worker, for samples ``first..last-1``; ``state`` carries (lowest
+    worker that may have room, held, local) from chunk to chunk.
 
     With ``given`` empty: Herald Algorithm 1, each sample, in input order, goes to the
     worker with room whose cache holds the most of its distinct keys validly (ties: lowest
@@ -247,52 +251,8 @@ def partition(offsets, lids, info, hold, num_workers, per_worker, given, pairs, 
     has room the lowest-id worker with room wins (all others score 0). Otherwise sample i
     goes to ``given[i]``. Either way: ``held`` = samples some worker holds a key of
     validly, ``local`` = those assigned to a worker holding the most of their keys
-    (ignoring room).
-
-    The mini-batches: distinct keys (lids) of each worker's samples in first-occurrence
-    order, grouped by worker (worker w's at ``wl_offsets[w]:wl_offsets[w + 1]``); sets
-    ``info[lid, TRAINERS]`` (bit w: worker w trains the key).
-    """
-    samples = offsets.shape[0] - 1
-    choose = given.shape[0] == 0
-    room = np.full(num_workers, per_worker, dtype=np.int64)
-    assign = np.empty(samples, dtype=np.int64)
-    scores = np.zeros(num_workers, dtype=np.int64)
-    touched = np.empty(num_workers, dtype=np.int64)
-    trainers = np.zeros(hold.shape[0], dtype=np.uint64)  # compact: read per occurrence
-    end = lids.shape[0]
-    seen[:] = -1  # ``seen`` (nb) and ``pairs`` (len(lids)) are the caller's scratch
-    npairs = 0  # pairs: lid << 8 | worker
-    first_free = 0
-    held = 0
-    local = 0
-    for i in range(samples):
-        best, first_free, h, loc = _choose_worker(
-            i, offsets, lids, hold, seen, room, scores, touched, choose, given, first_free, end
-        )
-        assign[i] = best
-        held += h
-        local += loc
-        bit = np.uint64(1) << np.uint64(best)
-        for p in range(offsets[i], offsets[i + 1]):
-            if p + PREFETCH_DISTANCE < end:
-                prefetch(trainers, lids[p + PREFETCH_DISTANCE])
-            lid = lids[p]
-            if not trainers[lid] & bit:
-                trainers[lid] |= bit
-                pairs[npairs] = (np.int64(lid) << 8) | best
-                npairs += 1
-    wl_offsets, wl_lids = group_pairs(pairs, npairs, num_workers, trainers, info)
-    return assign, held, local, wl_offsets, wl_lids
-
-
-# The same stage in chunks of samples, for big batches: the caller chooses the workers of
-# chunk c + 1 (``choose_chunk``) while the helper thread lists the keys of chunk c
-# (``list_chunk``, chunks in order), then the pairs are grouped (``group_pairs``).
-@njit(nogil=True)
-def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """:func:`partition`'s choice for samples ``first..last-1``; ``state`` carries
-    (lowest worker that may have room, held, local) from chunk to chunk."""
+    (ignoring room). ``seen`` (one per lid, -1 at the first chunk) is the caller's
+    scratch."""
     num_workers = room.shape[0]
     choose = given.shape[0] == 0
     scores = np.zeros(num_workers, dtype=np.int64)
@@ -311,10 +271,10 @@ def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, gi
 
 
 @njit(nogil=True)
-def list_chunk(offsets, lids, assign, trainers, pairs, state, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """:func:`partition`'s lists for samples ``first..last-1`` (after every earlier
-    chunk's): new (lid, worker) pairs appended to ``pairs`` as ``lid << 8 | w`` at
-    ``state[0]``; ``trainers[lid]`` bit w set."""
+def list_chunk(offsets, lids, assign, trainers, pairs, counts, state, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """The mini-batch keys of samples ``first..last-1`` (after every earlier chunk's):
+    each new (lid, worker) pair appended to ``pairs`` as ``lid << 8 | w`` at ``state[0]``
+    and counted in ``counts[w + 1]``; ``trainers[lid]`` bit w set."""
     npairs = state[0]
     end = offsets[last]
     for p in range(offsets[first], min(offsets[first] + PREFETCH_DISTANCE, end)):
@@ -328,21 +288,17 @@ def list_chunk(offsets, lids, assign, trainers, pairs, state, first, last):  # t
             lid = lids[p]
             if not trainers[lid] & bit:
                 trainers[lid] |= bit
-                pairs[npairs] = (lid << 8) | w
+                pairs[npairs] = (np.int64(lid) << 8) | w
+                counts[w + 1] += 1
                 npairs += 1
     state[0] = npairs
     return 0
 
 
 @njit(nogil=True)
-def group_pairs(pairs, npairs, num_workers, trainers, info):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """(wl_offsets, wl_lids) of :func:`partition` from the listed pairs; copies
-    ``trainers`` into ``info[:, TRAINERS]``."""
-    for lid in range(trainers.shape[0]):
-        info[lid, TRAINERS] = trainers[lid]
-    counts = np.zeros(num_workers + 1, dtype=np.int64)
-    for q in range(npairs):
-        counts[(pairs[q] & 255) + 1] += 1
+def group_pairs(pairs, npairs, counts):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """(wl_offsets, wl_lids): the listed pairs grouped by worker, each worker's lids in
+    first-occurrence order (worker w's at ``wl_lids[wl_offsets[w]:wl_offsets[w + 1]]``)."""
     wl_offsets = np.cumsum(counts)
     fill = wl_offsets[:-1].copy()
     wl_lids = np.empty(npairs, dtype=np.int64)
@@ -393,7 +349,7 @@ def with_owner(meta, owner):  # type: ignore[no-untyped-def]  # pragma: no cover
 
 
 @njit(nogil=True)
-def touch_keys(info, first, last, records, ops, inserts, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
+def touch_keys(info, trainers, first, last, records, ops, inserts, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Everything a batch does to the records of its keys ``info[first:last]``, one record
     each (disjoint ranges may run at once).
 
@@ -420,7 +376,7 @@ def touch_keys(info, first, last, records, ops, inserts, on_demand):  # type: ig
         if q + PREFETCH_DISTANCE < last:
             prefetch(records, np.int64(info[q + PREFETCH_DISTANCE, KID]))
         k = np.int64(info[q, KID])
-        t = info[q, TRAINERS]
+        t = trainers[q]
         cached = records[k, R_CACHED]
         new = t & ~cached
         ops[q, OP_KEY] = info[q, KEY]
@@ -466,7 +422,7 @@ def _grown_ring(ring, head, used, size):  # type: ignore[no-untyped-def]  # prag
 
 @njit(nogil=True)
 def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
-    workers, wl_offsets, wl_lids, info, ops, inserts, capacity, rings, heads, used, flat,
+    workers, wl_offsets, wl_lids, info, trainers, ops, inserts, capacity, rings, heads, used, flat,
     key_of, out_keys, counts, scratch,
 ):  # fmt: skip
     """Worker by worker: make room for the keys it inserts, then list its plan.
@@ -518,7 +474,7 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
             lid = np.int64(meta & LID_BITS)
             mine = False  # does w train v in this batch? (R_META names v's latest lid)
             if lid < nb and np.int64(info[lid, KID]) == v:
-                mine = (info[lid, TRAINERS] & bit) != 0
+                mine = (trainers[lid] & bit) != 0
             if mine or (flat[v * RECORD_FIELDS + R_REFERENCED] & bit) != 0:
                 if not mine:
                     atomic_and(flat, v * RECORD_FIELDS + R_REFERENCED, clear)

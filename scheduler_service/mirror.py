@@ -166,7 +166,7 @@ class CacheMirror:
     def key_rows(
         self, uniq: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-        """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``, ``TRAINERS`` = 0) of the
+        """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``) of the
         batch's distinct keys, registering new keys (kids in first-occurrence order), and
         ``hold``, a compact copy of the HOLDERS column for the partition.
 
@@ -174,7 +174,8 @@ class CacheMirror:
         keys not found are then inserted on this thread, the only one that changes the
         index."""
         nb = uniq.shape[0]
-        info = self.scratch("info", 4 * nb).view(np.uint64).reshape(nb, 4)
+        fields = kernels.INFO_FIELDS
+        info = self.scratch("info", fields * nb).view(np.uint64).reshape(nb, fields)
         hold = self.scratch("hold", nb).view(np.uint64)
         if nb < PARALLEL_KEYS:  # one thread: register and look up in one pass
             known = len(self.index)

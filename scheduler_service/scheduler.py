@@ -59,61 +59,49 @@ class Assignment:
     local: int
 
 
-MiniBatches = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
-"""(offsets, lids): worker w's distinct keys at ``lids[offsets[w]:offsets[w + 1]]``."""
+MiniBatches = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint64]]
+"""(offsets, lids, trainers): worker w's distinct keys at ``lids[offsets[w]:offsets[w + 1]]``;
+``trainers[lid]`` bit w: worker w trains key ``lid``."""
 
 
 class Partitioner(abc.ABC):
     """Decides which worker trains each sample of a batch, from the batch's local key ids
-    (``lids``) and its key rows (``info``: which workers hold each key validly); the same
-    pass lists each worker's keys (``kernels.partition``)."""
+    (``lids``) and which workers hold each key validly (``hold``), and lists each worker's
+    keys (:func:`_partition`)."""
 
     @abc.abstractmethod
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-        hold: npt.NDArray[np.uint64], scratch: npt.NDArray[np.int64],
+        self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         """Worker of every sample (each worker gets exactly ``samples_per_worker``), and
-        the mini-batches; ``hold``: ``info``'s HOLDERS column, compact; ``scratch``:
-        len(lids) + len(info) int64 of working space."""
-
-
-def _partition(
-    batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-    hold: npt.NDArray[np.uint64], given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64],
-) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-    """``kernels.partition``; ``scratch``: len(lids) + len(info) int64 of working space."""
-    pairs, seen = scratch[: lids.shape[0]], scratch[lids.shape[0] :].view(np.int32)
-    if lids.shape[0] >= PARALLEL_KEYS and batch.samples >= 2 * PARTITION_CHUNKS:
-        return _partition_pipelined(batch, lids, info, hold, given, pairs, seen[: info.shape[0]])
-    workers, held, local, offsets, wl_lids = kernels.partition(
-        batch.offsets, lids, info, hold, batch.num_workers, batch.samples_per_worker, given, pairs,
-        seen[: info.shape[0]],
-    )  # fmt: skip
-    return Assignment(workers, int(held), int(local)), (offsets, wl_lids)
+        the mini-batches; ``scratch``: len(lids) + len(hold) int64 of working space."""
 
 
 PARTITION_CHUNKS = 8  # chunks of samples a big batch's partition is pipelined in
 
 
-def _partition_pipelined(
-    batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-    hold: npt.NDArray[np.uint64], given: npt.NDArray[np.int64], pairs: npt.NDArray[np.int64],
-    seen: npt.NDArray[np.int32],
+def _partition(
+    batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
+    given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64],
 ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-    """``kernels.partition`` in chunks of samples: this thread chooses chunk c + 1 while
-    the helper lists chunk c. Lists run strictly in chunk order (first occurrence
+    """``kernels.choose_chunk`` then ``kernels.list_chunk`` per chunk of samples, and the
+    pairs grouped by worker. A big batch is pipelined: this thread chooses chunk c + 1
+    while the helper lists chunk c. Lists run strictly in chunk order (first occurrence
     decides a worker's key order); a chunk the helper has not started when this thread is
     done choosing is listed here, so a busy helper never makes the batch wait."""
-    n, samples = batch.num_workers, batch.samples
+    n, samples, nb = batch.num_workers, batch.samples, hold.shape[0]
+    pairs, seen = scratch[: lids.shape[0]], scratch[lids.shape[0] : lids.shape[0] + nb]
     seen[:] = -1
     room = np.full(n, batch.samples_per_worker, np.int64)
     choice_state = np.zeros(3, np.int64)
     list_state = np.zeros(1, np.int64)
+    counts = np.zeros(n + 1, np.int64)
     assign = np.empty(samples, np.int64)
-    trainers = np.zeros(info.shape[0], np.uint64)
-    bounds = np.linspace(0, samples, PARTITION_CHUNKS + 1).astype(int).tolist()
-    chunks = list(itertools.pairwise(bounds))
+    trainers = np.zeros(nb, np.uint64)
+    pipelined = lids.shape[0] >= PARALLEL_KEYS and samples >= 2 * PARTITION_CHUNKS
+    bounds = np.linspace(0, samples, PARTITION_CHUNKS + 1 if pipelined else 2).astype(int)
+    chunks = list(itertools.pairwise(bounds.tolist()))
     lock = threading.Lock()
     claimed = [False] * len(chunks)
     done = [threading.Event() for _ in chunks]
@@ -127,7 +115,8 @@ def _partition_pipelined(
         if c:
             done[c - 1].wait()
         a, b = chunks[c]
-        kernels.list_chunk(batch.offsets, lids, assign, trainers, pairs, list_state, a, b)
+        kernels.list_chunk(batch.offsets, lids, assign, trainers, pairs, counts, list_state,
+                           a, b)  # fmt: skip
         done[c].set()
 
     def helper(c: int) -> None:
@@ -137,15 +126,16 @@ def _partition_pipelined(
     for c, (a, b) in enumerate(chunks):
         kernels.choose_chunk(batch.offsets, lids, hold, seen, room, choice_state, assign, a, b,
                              given)  # fmt: skip
-        HELPER.submit(helper, c)
+        if pipelined:
+            HELPER.submit(helper, c)
     for c in range(len(chunks)):
         if claim(c):
             list_(c)
         else:
             done[c].wait()
-    offsets, wl_lids = kernels.group_pairs(pairs, int(list_state[0]), n, trainers, info)
+    offsets, wl_lids = kernels.group_pairs(pairs, int(list_state[0]), counts)
     held, local = int(choice_state[1]), int(choice_state[2])
-    return Assignment(assign, held, local), (offsets, wl_lids)
+    return Assignment(assign, held, local), (offsets, wl_lids, trainers)
 
 
 class SequentialPartitioner(Partitioner):
@@ -155,21 +145,21 @@ class SequentialPartitioner(Partitioner):
     """
 
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-        hold: npt.NDArray[np.uint64], scratch: npt.NDArray[np.int64],
+        self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         given = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
-        return _partition(batch, lids, info, hold, given, scratch)
+        return _partition(batch, lids, hold, given, scratch)
 
 
 class LocationAwarePartitioner(Partitioner):
     """Herald Algorithm 1, scored on the mirror's valid copies at the start of the batch."""
 
     def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-        hold: npt.NDArray[np.uint64], scratch: npt.NDArray[np.int64],
+        self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
+        scratch: npt.NDArray[np.int64],
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-        return _partition(batch, lids, info, hold, np.empty(0, np.int64), scratch)
+        return _partition(batch, lids, hold, np.empty(0, np.int64), scratch)
 
 
 class SyncPlanner(abc.ABC):
@@ -282,8 +272,8 @@ class Scheduler:
         lids, uniq = mirror.local_ids(batch.keys)
         info, hold = mirror.key_rows(uniq)
         scratch = mirror.scratch("partition", lids.shape[0] + info.shape[0])
-        assignment, (wl_offsets, wl_lids) = self.partitioner.assign(
-            batch, lids, info, hold, scratch
+        assignment, (wl_offsets, wl_lids, trainers) = self.partitioner.assign(
+            batch, lids, hold, scratch
         )
         assign = assignment.workers
         mirror.samples_seen += batch.samples
@@ -297,9 +287,9 @@ class Scheduler:
         ops = mirror.scratch("ops", kernels.OP_FIELDS * info.shape[0]).view(np.uint64)
         ops = ops.reshape(-1, kernels.OP_FIELDS)
         prev_workers, prev_keys, now_workers, now_keys, inserts = _touch_keys(
-            mirror, info, ops, self.planner.on_demand
+            mirror, info, trainers, ops, self.planner.on_demand
         )
-        out, counts = _evict_and_list(mirror, wl_offsets, wl_lids, info, ops, inserts)
+        out, counts = _evict_and_list(mirror, wl_offsets, wl_lids, info, trainers, ops, inserts)
         if counts[:, 4].any():  # dirty rows evicted now: written back by the previous plans
             starts, dirty_counts = wl_offsets[:-1].tolist(), counts[:, 4].tolist()
             dirty = np.concatenate(
@@ -380,8 +370,8 @@ PARALLEL_PAIRS = 32_768  # below this many (key, worker) pairs, one thread is fa
 
 
 def _touch_keys(
-    mirror: CacheMirror, info: npt.NDArray[np.uint64], ops: npt.NDArray[np.uint64],
-    on_demand: bool,
+    mirror: CacheMirror, info: npt.NDArray[np.uint64], trainers: npt.NDArray[np.uint64],
+    ops: npt.NDArray[np.uint64], on_demand: bool,
 ) -> tuple[npt.NDArray[np.int64], ...]:  # fmt: skip
     """Stage 3 (``kernels.touch_keys``): the batch's keys, in pieces on two threads for a
     big batch (each key's record is its own). Returns (previous write-backs: workers,
@@ -391,7 +381,8 @@ def _touch_keys(
     bounds = np.linspace(0, nb, pieces + 1).astype(int).tolist()
     inserts = np.zeros((pieces, n), np.int64)
     parts = run_pieces([
-        partial(kernels.touch_keys, info, a, b, mirror.records, ops, inserts[i], on_demand)
+        partial(kernels.touch_keys, info, trainers, a, b, mirror.records, ops, inserts[i],
+                on_demand)
         for i, (a, b) in enumerate(itertools.pairwise(bounds))
     ])  # fmt: skip
     if pieces == 1:
@@ -407,6 +398,7 @@ def _evict_and_list(
     wl_offsets: npt.NDArray[np.int64],
     wl_lids: npt.NDArray[np.int64],
     info: npt.NDArray[np.uint64],
+    trainers: npt.NDArray[np.uint64],
     ops: npt.NDArray[np.uint64],
     inserts: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -420,7 +412,8 @@ def _evict_and_list(
     counts = np.zeros((n, 5), np.int64)
     co_trained = mirror.scratch("co_trained", total)
     args = (
-        wl_offsets, wl_lids, info, ops, inserts, mirror.capacity, mirror.rings, mirror.heads,
+        wl_offsets, wl_lids, info, trainers, ops, inserts, mirror.capacity, mirror.rings,
+        mirror.heads,
         mirror.used, mirror.flat, mirror.key_of, out, counts, co_trained,
     )  # fmt: skip
     if total < PARALLEL_PAIRS or n == 1:
