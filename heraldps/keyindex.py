@@ -86,6 +86,31 @@ def _resolve(
     return next_row
 
 
+@njit(nogil=True)
+def _insert_absent(
+    slots: npt.NDArray[np.int64],
+    keys: npt.NDArray[np.int64],
+    hints: npt.NDArray[np.int64],
+    next_row: int,
+    out: npt.NDArray[np.int64],
+) -> int:  # pragma: no cover - compiled
+    """Insert distinct ``keys`` known to be absent, each probing on from ``hints[i]`` (the
+    empty slot where its lookup ended; an earlier key of this call may have taken it).
+    Returns the next free row."""
+    n = keys.shape[0]
+    for i in range(min(PREFETCH_DISTANCE, n)):
+        prefetch(slots, hints[i])
+    for i in range(n):
+        if i + PREFETCH_DISTANCE < n:
+            prefetch(slots, hints[i + PREFETCH_DISTANCE])
+        s = probe_from(slots, keys[i], np.uint64(hints[i]))
+        slots[s, 0] = keys[i]
+        slots[s, 1] = next_row
+        out[i] = next_row
+        next_row += 1
+    return next_row
+
+
 # ----- removable entries (worker caches, the scheduler's per-worker positions) ------
 @njit(nogil=True, inline="always")
 def table_find(table, key):  # type: ignore[no-untyped-def]  # pragma: no cover
@@ -204,6 +229,23 @@ class KeyIndex:
         out = np.empty(keys.shape[0], dtype=np.int64)
         self._size = int(_resolve(self._slots, keys, True, self._size, out))
         return out
+
+    def insert_absent(
+        self, keys: npt.NDArray[np.int64], hints: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        """Rows for distinct ``keys`` that a lookup of the current :attr:`slots` did not
+        find; ``hints[i]``: the empty slot where that lookup ended (``probe``). Only valid
+        while no insert has replaced the slots since: call :meth:`reserve` before the
+        lookups. Saves the second hash probe of :meth:`insert`."""
+        if self._size + keys.shape[0] > self._slots.shape[0] // 2:
+            raise ValueError("insert_absent past the reserved rows: reserve() first")
+        out = np.empty(keys.shape[0], dtype=np.int64)
+        self._size = int(_insert_absent(self._slots, keys, hints, self._size, out))
+        return out
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` keys in all: the slots are not replaced until more come."""
+        self._reserve(rows)
 
     def _reserve(self, rows: int) -> None:
         if 2 * rows <= self._slots.shape[0]:

@@ -140,15 +140,16 @@ def merge_local_ids(table, gen, first, second, lids, start):  # type: ignore[no-
 def key_rows(slots, uniq, holders, info, hold, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Fill ``info[first:last]`` (KID, KEY, HOLDERS) for the batch's distinct
     keys ``uniq[first:last]``, looked up in a ``KeyIndex``'s ``slots`` (read only, so two
-    ranges may run at once). A key not registered yet gets KID 2**64 - 1 (-1) and no
-    holders. Two prefetch levels: the index slot 2 x 16 keys ahead, the record (which
+    ranges may run at once). A key not registered yet gets no holders and, as its KID,
+    ``-(s + 1)`` for the empty slot s where its lookup ended (``KeyIndex.insert_absent``
+    inserts it there). Two prefetch levels: the index slot 2 x 16 keys ahead, the record (which
     needs the slot's kid) 16 ahead."""
     ahead = PREFETCH_DISTANCE
     for i in range(first, min(first + 2 * ahead, last)):
         prefetch(slots, home(slots, uniq[i]))
     for i in range(first, min(first + ahead, last)):
         s = probe_from(slots, uniq[i], home(slots, uniq[i]))
-        info[i, KID] = slots[s, 1]
+        info[i, KID] = slots[s, 1] if slots[s, 1] >= 0 else -np.int64(s) - 1
         if slots[s, 1] >= 0:
             prefetch(holders, slots[s, 1])
     for i in range(first, last):
@@ -157,7 +158,7 @@ def key_rows(slots, uniq, holders, info, hold, first, last):  # type: ignore[no-
             prefetch(slots, home(slots, uniq[j + ahead]))
         if j < last:
             s = probe_from(slots, uniq[j], home(slots, uniq[j]))
-            info[j, KID] = slots[s, 1]
+            info[j, KID] = slots[s, 1] if slots[s, 1] >= 0 else -np.int64(s) - 1
             if slots[s, 1] >= 0:
                 prefetch(holders, slots[s, 1])
         k = np.int64(info[i, KID])

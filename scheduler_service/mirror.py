@@ -170,30 +170,32 @@ class CacheMirror:
         batch's distinct keys, registering new keys (kids in first-occurrence order), and
         ``hold``, a compact copy of the HOLDERS column for the partition.
 
-        Looked up in two halves at once for a big batch (one compiled call each); the
-        keys not found are then inserted on this thread, the only one that changes the
-        index."""
+        Looked up first (in pieces on two threads for a big batch, one compiled call
+        each); the keys not found are then inserted on this thread, the only one that
+        changes the index, each at the slot where its lookup ended."""
         nb = uniq.shape[0]
         fields = kernels.INFO_FIELDS
         info = self.scratch("info", fields * nb).view(np.uint64).reshape(nb, fields)
         hold = self.scratch("hold", nb).view(np.uint64)
-        if nb < PARALLEL_KEYS:  # one thread: register and look up in one pass
+        if nb < PARALLEL_KEYS:  # one thread: register and look up in one pass each
             known = len(self.index)
             kids = self.index.insert(uniq)
             self._register(known, uniq[kids >= known] if len(self.index) > known else uniq[:0])
             kernels.rows_of_kids(kids, uniq, self.holders, info, hold)
             return info, hold
+        self.index.reserve(len(self.index) + nb)  # the lookups' slots stay valid
         slots, holders = self.index.slots, self.holders
         bounds = np.linspace(0, nb, PIECES + 1).astype(int).tolist()
         run_pieces([
             partial(kernels.key_rows, slots, uniq, holders, info, hold, a, b)
             for a, b in itertools.pairwise(bounds)
         ])  # fmt: skip
-        missing = np.flatnonzero(info[:, kernels.KID].view(np.int64) < 0)
+        kids = info[:, kernels.KID].view(np.int64)
+        missing = np.flatnonzero(kids < 0)
         if missing.shape[0]:
             known = len(self.index)
             new_keys = uniq[missing]
-            fresh = self.index.insert(new_keys)
+            fresh = self.index.insert_absent(new_keys, -kids[missing] - 1)
             self._register(known, new_keys)
             info[missing, kernels.KID] = fresh.astype(np.uint64)
         return info, hold

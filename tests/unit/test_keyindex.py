@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heraldps.keyindex import KeyIndex, SlotMap, distinct
+from heraldps.keyindex import KeyIndex, SlotMap, distinct, probe
 
 int64s = st.integers(-(2**63), 2**63 - 1)
 
@@ -64,3 +65,24 @@ def test_slot_map_against_a_dict() -> None:
         expected = [reference.get(int(k), -1) for k in probe_keys.tolist()]
         assert slot_map.lookup(probe_keys).tolist() == expected
         assert len(slot_map) == len(reference)
+
+
+def test_insert_absent_takes_the_slots_the_lookups_ended_at() -> None:
+    """Lookups of absent keys end at empty slots; inserting there gives the same rows as
+    ``insert``, also when two absent keys ended at the same slot."""
+    rng = np.random.default_rng(5)
+    present = rng.choice(2**40, 3000, replace=False)
+    absent = rng.choice(2**40, 2000, replace=False) + 2**41
+    index = KeyIndex()
+    index.insert(present)
+    index.reserve(len(index) + absent.shape[0])
+    slots = index.slots
+    hints = np.array([int(probe(slots, np.int64(k))) for k in absent], dtype=np.int64)
+    assert len(set(hints.tolist())) < absent.shape[0]  # some lookups ended at one slot
+    assert index.slots is slots  # reserve() already made the room
+    rows = index.insert_absent(absent, hints)
+    assert rows.tolist() == list(range(3000, 5000))
+    assert index.lookup(absent).tolist() == rows.tolist()
+    assert index.lookup(present).tolist() == list(range(3000))
+    with pytest.raises(ValueError, match="reserve"):
+        index.insert_absent(np.arange(10**6, dtype=np.int64), np.zeros(10**6, np.int64))
