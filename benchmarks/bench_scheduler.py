@@ -17,7 +17,8 @@ The scheduler is told the run's distinct-key count (``expected_keys``), as a job
 keyset or a first pass over its data knows it; ``--no-hint`` leaves it to the growth
 policy (docs/scheduler.md). Numba compiles (or loads its cache) in a throw-away
 scheduler before timing: warm-up is excluded; every batch of the timed run counts.
-Reported per shape: median, p99 and max ms per batch; the floor beside it is
+Reported per shape: median, p99 and max ms per batch, and each stage's median
+(``Scheduler.stage_seconds``); the floor beside it is
 ``np.unique`` of the same batch's keys, timed in the same run (the sort any plan needs
 at least the equivalent of), and the ratio median / floor. Targets (issue 22, our
 2-core machine): 8 x 128 median <= 2 ms; 64 x 512 median <= 10 ms and p99 <= 25 ms.
@@ -38,7 +39,7 @@ import numpy.typing as npt
 
 from scheduler_service import mirror, scheduler
 from scheduler_service.batch import Batch
-from scheduler_service.scheduler import Scheduler
+from scheduler_service.scheduler import STAGES, Scheduler
 
 CRITEO_CARDINALITIES = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
@@ -82,10 +83,14 @@ def measure(workers: int, per_worker: int, count: int, hint: bool) -> dict[str, 
     del warm
     planner = Scheduler(workers, capacity, "herald", expected_keys=expected)
     times, floor = [], []
+    stages: dict[str, list[float]] = {name: [] for name in STAGES}
     for batch in data:
+        before = dict(planner.stage_seconds)
         started = time.perf_counter()
         planner.submit(batch)
         times.append(1000 * (time.perf_counter() - started))
+        for name in STAGES:
+            stages[name].append(1000 * (planner.stage_seconds[name] - before[name]))
         started = time.perf_counter()
         np.unique(batch.keys)
         floor.append(1000 * (time.perf_counter() - started))
@@ -103,6 +108,7 @@ def measure(workers: int, per_worker: int, count: int, hint: bool) -> dict[str, 
         "p99_ms": percentile(times, 99),
         "max_ms": max(times),
         "np_unique_median_ms": float(np.median(floor)),
+        "stage_median_ms": {name: float(np.median(v)) for name, v in stages.items()},
         "ratio_to_np_unique": median / float(np.median(floor)),
     }
 
@@ -151,6 +157,13 @@ def main() -> int:
             f"{r['median_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} | "
             f"{r['np_unique_median_ms']:.2f} | {r['ratio_to_np_unique']:.2f} | {verdict(r)} |"
         )
+    print("\nmedian wall ms per stage of a batch (Scheduler.stage_seconds):")
+    print("| workers x samples | " + " | ".join(STAGES) + " |")
+    print("|---|" + "---:|" * len(STAGES))
+    for r in rows:
+        medians = r["stage_median_ms"]
+        cells = " | ".join(f"{medians[name]:.2f}" for name in STAGES)  # type: ignore[index]
+        print(f"| {r['workers']} x {r['samples_per_worker']} | {cells} |")
     machine = {"python": platform.python_version(), "processor": platform.processor(),
                "cpus": os.cpu_count(), "numpy": np.__version__}  # fmt: skip
     run = {"threads": args.threads, "hint": not args.no_hint,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import itertools
 import threading
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -223,6 +224,23 @@ MODES: dict[str, tuple[type[Partitioner], type[SyncPlanner]]] = {
 }
 
 
+STAGES = ("local_ids", "key_rows", "partition", "touch_keys", "evict_and_list", "plans")
+"""The stages of ``Scheduler.submit``, in order (docs/scheduler.md#the-cache-mirror)."""
+
+
+class _StageClock:
+    """Adds the wall time since the last lap to a stage's total (a few hundred ns a lap)."""
+
+    def __init__(self, totals: dict[str, float]) -> None:
+        self._totals = totals
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self._totals[stage] += now - self._last
+        self._last = now
+
+
 def is_checkpoint(iteration: int, every: int) -> bool:
     """Whether ``iteration`` ends a checkpoint when one is taken every ``every`` (0: never)."""
     return every > 0 and (iteration + 1) % every == 0
@@ -255,6 +273,8 @@ class Scheduler:
         self.checkpoint_every = checkpoint_every
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
+        self.stage_seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        """Wall seconds spent in each stage of :meth:`submit`, summed over batches."""
 
     @property
     def num_workers(self) -> int:
@@ -269,12 +289,16 @@ class Scheduler:
         mirror = self.mirror
         n = mirror.num_workers
         check_next_batch(batch, n, self.next_iteration)
+        clock = _StageClock(self.stage_seconds)
         lids, uniq = mirror.local_ids(batch.keys)
+        clock.lap("local_ids")
         info, hold = mirror.key_rows(uniq)
+        clock.lap("key_rows")
         scratch = mirror.scratch("partition", lids.shape[0] + info.shape[0])
         assignment, (wl_offsets, wl_lids, trainers) = self.partitioner.assign(
             batch, lids, hold, scratch
         )
+        clock.lap("partition")
         assign = assignment.workers
         mirror.samples_seen += batch.samples
         mirror.batches_seen += 1
@@ -289,7 +313,9 @@ class Scheduler:
         prev_workers, prev_keys, now_workers, now_keys, inserts = _touch_keys(
             mirror, info, trainers, ops, self.planner.on_demand
         )
+        clock.lap("touch_keys")
         out, counts = _evict_and_list(mirror, wl_offsets, wl_lids, info, trainers, ops, inserts)
+        clock.lap("evict_and_list")
         if counts[:, 4].any():  # dirty rows evicted now: written back by the previous plans
             starts, dirty_counts = wl_offsets[:-1].tolist(), counts[:, 4].tolist()
             dirty = np.concatenate(
@@ -331,6 +357,7 @@ class Scheduler:
         self._pending = plans
         self.next_iteration = batch.iteration + 1
         self.counts.iterations += 1
+        clock.lap("plans")
         return released
 
     def _checkpoint_flush(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
