@@ -36,7 +36,8 @@ class CommPlan:
     them at commit); at the end of the iteration write back ``write_back``
     (value, state, version). Lists are in the order the mirror decided them
     (evict: eviction order; pull, update_local, push_grads: first occurrence
-    in the worker's mini-batch; write_back: ascending key). ``mini_batch`` holds
+    in the global batch; write_back: ascending key); a worker matches gradient
+    rows to keys by key, not by position. ``mini_batch`` holds
     the samples themselves, in ``samples`` order, when the feeder sent them.
 
     ``pull_early`` (mode ``herald_pipelined`` only) is a sub-sequence of ``pull``:

@@ -239,8 +239,9 @@ def _choose_worker(  # type: ignore[no-untyped-def]  # pragma: no cover
 
 # ----- stage 1: partition (Herald Algorithm 1) and each worker's mini-batch keys -----
 # In chunks of samples: for a big batch the caller chooses the workers of chunk c + 1
-# (``choose_chunk``) while the helper thread lists the keys of chunk c (``list_chunk``,
-# chunks in order); then the pairs are grouped by worker (``group_pairs``).
+# (``choose_chunk``) while the helper thread marks the keys of chunk c (``mark_chunk``,
+# chunks in order). A worker's mini-batch is its marked keys in lid order, i.e. in order
+# of first occurrence in the batch (stage 4 lists them).
 @njit(nogil=True)
 def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Each sample's worker, for samples ``first..last-1``; ``state`` carries (lowest
@@ -272,11 +273,9 @@ def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, gi
 
 
 @njit(nogil=True)
-def list_chunk(offsets, lids, assign, trainers, pairs, counts, state, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """The mini-batch keys of samples ``first..last-1`` (after every earlier chunk's):
-    each new (lid, worker) pair appended to ``pairs`` as ``lid << 8 | w`` at ``state[0]``
-    and counted in ``counts[w + 1]``; ``trainers[lid]`` bit w set."""
-    npairs = state[0]
+def mark_chunk(offsets, lids, assign, trainers, counts, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """The mini-batches of samples ``first..last-1``, as marks: bit w of ``trainers[lid]``
+    once worker w trains key ``lid``, and ``counts[w]`` its distinct keys."""
     end = offsets[last]
     for p in range(offsets[first], min(offsets[first] + PREFETCH_DISTANCE, end)):
         prefetch(trainers, lids[p])
@@ -289,25 +288,8 @@ def list_chunk(offsets, lids, assign, trainers, pairs, counts, state, first, las
             lid = lids[p]
             if not trainers[lid] & bit:
                 trainers[lid] |= bit
-                pairs[npairs] = (np.int64(lid) << 8) | w
-                counts[w + 1] += 1
-                npairs += 1
-    state[0] = npairs
+                counts[w] += 1
     return 0
-
-
-@njit(nogil=True)
-def group_pairs(pairs, npairs, counts):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """(wl_offsets, wl_lids): the listed pairs grouped by worker, each worker's lids in
-    first-occurrence order (worker w's at ``wl_lids[wl_offsets[w]:wl_offsets[w + 1]]``)."""
-    wl_offsets = np.cumsum(counts)
-    fill = wl_offsets[:-1].copy()
-    wl_lids = np.empty(npairs, dtype=np.int64)
-    for q in range(npairs):
-        w = pairs[q] & 255
-        wl_lids[fill[w]] = pairs[q] >> 8
-        fill[w] += 1
-    return wl_offsets, wl_lids
 
 
 @njit(nogil=True)
@@ -423,35 +405,40 @@ def _grown_ring(ring, head, used, size):  # type: ignore[no-untyped-def]  # prag
 
 @njit(nogil=True)
 def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
-    workers, wl_offsets, wl_lids, info, trainers, ops, inserts, capacity, rings, heads, used, flat,
+    first, last, wl_offsets, info, trainers, ops, inserts, capacity, rings, heads, used, flat,
     key_of, out_keys, counts, scratch,
 ):  # fmt: skip
-    """Worker by worker: make room for the keys it inserts, then list its plan.
+    """Workers ``first..last-1``: make room for the keys each inserts, then list the plans.
 
     Each worker's cache is a CLOCK: a ring of the keys it caches in insertion order.
     Room is made at the head: a key the worker trains in this batch goes round again, as
     does one whose reference bit is set (the bit is cleared); any other is evicted. The
-    inserted keys then join at the tail in first-occurrence order. Workers are
-    independent except for the bits they clear in evicted keys' shared words, which are
-    cleared atomically, so two calls on disjoint sets of workers may run at once.
-    ``flat``: the records as one uint64 array (``records.reshape(-1)``).
+    inserted keys then join at the tail. Workers are independent except for the bits they
+    clear in evicted keys' shared words, which are cleared atomically, so two calls on
+    disjoint ranges of workers may run at once. ``flat``: the records as one uint64
+    array (``records.reshape(-1)``).
 
-    Worker w's outputs go to its region ``r = wl_offsets[w]:wl_offsets[w + 1]`` of the
-    rows of ``out_keys``: row 0 pulled keys, row 1 evicted keys (eviction order), row 2
-    trained keys (those only w trains first, then co-trained ones), row 3 the evicted
-    keys w held dirty; ``counts[w]`` = (pulls, evictions, where co-trained keys start in
-    row 2, hits, dirty evictions).
+    A worker's keys are listed in lid order (first occurrence in the batch), from one
+    sequential pass over the batch's keys. Worker w's outputs go to its region ``r =
+    wl_offsets[w]:wl_offsets[w + 1]`` (as many entries as keys it trains) of the rows of
+    ``out_keys``: row 0 pulled keys, row 1 evicted keys (eviction order), row 2 trained
+    keys (those only w trains first, then co-trained ones), row 3 the evicted keys w held
+    dirty; ``counts[w]`` = (pulls, evictions, where co-trained keys start in row 2, hits,
+    dirty evictions). ``scratch`` (2 rows like ``out_keys``) holds co-trained keys and
+    inserted kids until the pass ends.
     """
     nb = info.shape[0]
     pulled = out_keys[0]
     evicted = out_keys[1]
     trained = out_keys[2]
     dirty = out_keys[3]
-    co_trained = scratch
-    for w in workers:
+    co_trained = scratch[0]
+    staged = scratch[1]
+    group = np.uint64(0)
+    for w in range(first, last):
         start = wl_offsets[w]
-        end = wl_offsets[w + 1]
         bit = np.uint64(1) << np.uint64(w)
+        group |= bit
         clear = ~bit
         n = used[w]
         need = n + inserts[w] - capacity
@@ -492,41 +479,58 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
                 ndirty += 1
             n -= 1
             need -= 1
-        # the lists, in first-occurrence order (co-trained keys wait in ``scratch``)
-        npl = start
-        nhits = 0
-        nlocal = start
-        nco = start
-        for q in range(start, min(start + PREFETCH_DISTANCE, end)):
-            prefetch(ops, wl_lids[q])
-        for q in range(start, end):
-            if q + PREFETCH_DISTANCE < end:
-                prefetch(ops, wl_lids[q + PREFETCH_DISTANCE])
-            lid = wl_lids[q]
-            key = np.int64(ops[lid, OP_KEY])
-            if ops[lid, OP_PULLS] & bit:
-                pulled[npl] = key
-                npl += 1
-            else:
-                nhits += 1
-            kid = ops[lid, OP_KID]
-            if ops[lid, OP_INSERTS] & bit:
-                ring[(head + n) & mask] = np.int32(kid & _KID_BITS)
-                n += 1
-            if kid & _CO_TRAINED:
-                co_trained[nco] = key
-                nco += 1
-            else:
-                trained[nlocal] = key
-                nlocal += 1
-        trained[nlocal : nlocal + nco - start] = co_trained[start:nco]
         heads[w] = head
         used[w] = n
-        counts[w, 0] = npl - start
         counts[w, 1] = nev - start
-        counts[w, 2] = nlocal
-        counts[w, 3] = nhits
         counts[w, 4] = ndirty - start
+    # the lists: one pass over the batch's keys, each written to its workers' regions
+    npl = wl_offsets[:-1].copy()
+    nlocal = wl_offsets[:-1].copy()
+    nco = wl_offsets[:-1].copy()
+    nins = wl_offsets[:-1].copy()
+    hits = np.zeros(wl_offsets.shape[0] - 1, dtype=np.int64)
+    for q in range(nb):
+        t = trainers[q] & group
+        if not t:
+            continue
+        key = np.int64(ops[q, OP_KEY])
+        pulls = ops[q, OP_PULLS]
+        new = ops[q, OP_INSERTS]
+        kid = ops[q, OP_KID]
+        co = (kid & _CO_TRAINED) != 0
+        kid = np.int64(kid & _KID_BITS)
+        while t:
+            low = t & (~t + np.uint64(1))
+            w = bit_index(low)
+            t ^= low
+            if pulls & low:
+                pulled[npl[w]] = key
+                npl[w] += 1
+            else:
+                hits[w] += 1
+            if new & low:
+                staged[nins[w]] = kid
+                nins[w] += 1
+            if co:
+                co_trained[nco[w]] = key
+                nco[w] += 1
+            else:
+                trained[nlocal[w]] = key
+                nlocal[w] += 1
+    for w in range(first, last):
+        start = wl_offsets[w]
+        trained[nlocal[w] : nlocal[w] + nco[w] - start] = co_trained[start : nco[w]]
+        ring = rings[w]
+        mask = ring.shape[0] - 1
+        head = heads[w]
+        n = used[w]
+        for j in range(start, nins[w]):  # the inserted keys join at the tail
+            ring[(head + n) & mask] = np.int32(staged[j])
+            n += 1
+        used[w] = n
+        counts[w, 0] = npl[w] - start
+        counts[w, 2] = nlocal[w]
+        counts[w, 3] = hits[w]
     return 0
 
 

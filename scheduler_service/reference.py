@@ -96,6 +96,11 @@ class ReferenceScheduler:
         n = self.num_workers
         assignment = self.assign(batch)
         plans = [CommPlan(batch.iteration, w) for w in range(n)]
+        # A worker's mini-batch: the distinct keys of its samples, in order of first
+        # occurrence in the whole batch.
+        first: dict[int, int] = {}
+        for k in batch.keys.tolist():
+            first.setdefault(k, len(first))
         worker_keys: list[list[int]] = [[] for _ in range(n)]
         for w in range(n):
             samples = [i for i in range(batch.samples) if assignment[i] == w]
@@ -104,7 +109,7 @@ class ReferenceScheduler:
             for i in samples:
                 for k in batch.sample_keys(i).tolist():
                     seen.setdefault(k)
-            worker_keys[w] = list(seen)
+            worker_keys[w] = sorted(seen, key=first.__getitem__)
             if len(seen) > self.capacity:
                 raise InvalidArgument(
                     f"worker {w}'s mini-batch of iteration {batch.iteration} needs {len(seen)} "

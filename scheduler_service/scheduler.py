@@ -60,9 +60,10 @@ class Assignment:
     local: int
 
 
-MiniBatches = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint64]]
-"""(offsets, lids, trainers): worker w's distinct keys at ``lids[offsets[w]:offsets[w + 1]]``;
-``trainers[lid]`` bit w: worker w trains key ``lid``."""
+MiniBatches = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]
+"""(offsets, trainers): ``trainers[lid]`` bit w: worker w trains key ``lid``; worker w
+trains ``offsets[w + 1] - offsets[w]`` distinct keys. Its mini-batch is those keys in lid
+order (first occurrence in the batch)."""
 
 
 class Partitioner(abc.ABC):
@@ -76,7 +77,7 @@ class Partitioner(abc.ABC):
         scratch: npt.NDArray[np.int64],
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         """Worker of every sample (each worker gets exactly ``samples_per_worker``), and
-        the mini-batches; ``scratch``: len(lids) + len(hold) int64 of working space."""
+        the mini-batches; ``scratch``: len(hold) int64 of working space."""
 
 
 PARTITION_CHUNKS = 8  # chunks of samples a big batch's partition is pipelined in
@@ -86,17 +87,16 @@ def _partition(
     batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
     given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64],
 ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-    """``kernels.choose_chunk`` then ``kernels.list_chunk`` per chunk of samples, and the
-    pairs grouped by worker. A big batch is pipelined: this thread chooses chunk c + 1
-    while the helper lists chunk c. Lists run strictly in chunk order (first occurrence
-    decides a worker's key order); a chunk the helper has not started when this thread is
-    done choosing is listed here, so a busy helper never makes the batch wait."""
+    """``kernels.choose_chunk`` then ``kernels.mark_chunk`` per chunk of samples. A big
+    batch is pipelined: this thread chooses chunk c + 1 while the helper marks chunk c.
+    Chunks are marked one at a time, in order; a chunk the helper has not started when
+    this thread is done choosing is marked here, so a busy helper never makes the batch
+    wait."""
     n, samples, nb = batch.num_workers, batch.samples, hold.shape[0]
-    pairs, seen = scratch[: lids.shape[0]], scratch[lids.shape[0] : lids.shape[0] + nb]
+    seen = scratch[:nb]
     seen[:] = -1
     room = np.full(n, batch.samples_per_worker, np.int64)
     choice_state = np.zeros(3, np.int64)
-    list_state = np.zeros(1, np.int64)
     counts = np.zeros(n + 1, np.int64)
     assign = np.empty(samples, np.int64)
     trainers = np.zeros(nb, np.uint64)
@@ -116,8 +116,7 @@ def _partition(
         if c:
             done[c - 1].wait()
         a, b = chunks[c]
-        kernels.list_chunk(batch.offsets, lids, assign, trainers, pairs, counts, list_state,
-                           a, b)  # fmt: skip
+        kernels.mark_chunk(batch.offsets, lids, assign, trainers, counts[1:], a, b)
         done[c].set()
 
     def helper(c: int) -> None:
@@ -134,9 +133,8 @@ def _partition(
             list_(c)
         else:
             done[c].wait()
-    offsets, wl_lids = kernels.group_pairs(pairs, int(list_state[0]), counts)
     held, local = int(choice_state[1]), int(choice_state[2])
-    return Assignment(assign, held, local), (offsets, wl_lids, trainers)
+    return Assignment(assign, held, local), (np.cumsum(counts), trainers)
 
 
 class SequentialPartitioner(Partitioner):
@@ -294,10 +292,8 @@ class Scheduler:
         clock.lap("local_ids")
         info, hold = mirror.key_rows(uniq)
         clock.lap("key_rows")
-        scratch = mirror.scratch("partition", lids.shape[0] + info.shape[0])
-        assignment, (wl_offsets, wl_lids, trainers) = self.partitioner.assign(
-            batch, lids, hold, scratch
-        )
+        scratch = mirror.scratch("partition", info.shape[0])
+        assignment, (wl_offsets, trainers) = self.partitioner.assign(batch, lids, hold, scratch)
         clock.lap("partition")
         assign = assignment.workers
         mirror.samples_seen += batch.samples
@@ -314,7 +310,7 @@ class Scheduler:
             mirror, info, trainers, ops, self.planner.on_demand
         )
         clock.lap("touch_keys")
-        out, counts = _evict_and_list(mirror, wl_offsets, wl_lids, info, trainers, ops, inserts)
+        out, counts = _evict_and_list(mirror, wl_offsets, info, trainers, ops, inserts)
         clock.lap("evict_and_list")
         if counts[:, 4].any():  # dirty rows evicted now: written back by the previous plans
             starts, dirty_counts = wl_offsets[:-1].tolist(), counts[:, 4].tolist()
@@ -423,7 +419,6 @@ def _touch_keys(
 def _evict_and_list(
     mirror: CacheMirror,
     wl_offsets: npt.NDArray[np.int64],
-    wl_lids: npt.NDArray[np.int64],
     info: npt.NDArray[np.uint64],
     trainers: npt.NDArray[np.uint64],
     ops: npt.NDArray[np.uint64],
@@ -437,22 +432,19 @@ def _evict_and_list(
     total = int(wl_offsets[-1])
     out = np.empty((4, total), np.int64)  # the plans keep views of it
     counts = np.zeros((n, 5), np.int64)
-    co_trained = mirror.scratch("co_trained", total)
+    staging = mirror.scratch("staging", 2 * total).reshape(2, total)
     args = (
-        wl_offsets, wl_lids, info, trainers, ops, inserts, mirror.capacity, mirror.rings,
-        mirror.heads,
-        mirror.used, mirror.flat, mirror.key_of, out, counts, co_trained,
+        wl_offsets, info, trainers, ops, inserts, mirror.capacity, mirror.rings, mirror.heads,
+        mirror.used, mirror.flat, mirror.key_of, out, counts, staging,
     )  # fmt: skip
     if total < PARALLEL_PAIRS or n == 1:
-        kernels.evict_and_list(np.arange(n, dtype=np.int64), *args)
+        kernels.evict_and_list(0, n, *args)
         return out, counts
-    pieces = min(PIECES, n)
-    # Worker groups of about equal pairs: cut the pair offsets at equal shares.
-    cuts = np.searchsorted(wl_offsets, np.arange(1, pieces) * total // pieces)
-    edges = np.unique(np.concatenate([[0], np.clip(cuts, 1, n - 1), [n]])).tolist()
+    # Two groups of workers with about equal pairs (each group's pass reads every key).
+    cut = int(np.clip(np.searchsorted(wl_offsets, total // 2), 1, n - 1))
     run_pieces([
-        partial(kernels.evict_and_list, np.arange(a, b, dtype=np.int64), *args)
-        for a, b in itertools.pairwise(edges)
+        partial(kernels.evict_and_list, 0, cut, *args),
+        partial(kernels.evict_and_list, cut, n, *args),
     ])  # fmt: skip
     return out, counts
 

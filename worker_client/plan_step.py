@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from heraldps.client.core import Pulled
 from heraldps.errors import FailedPrecondition
+from heraldps.keyindex import KeyIndex
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from worker_client.device import to_host
@@ -112,17 +113,17 @@ class PlanStep(Step):
         self, plan: CommPlan, keys: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Rows of the mini-batch's gradients to apply locally and to push, in the plan's
-        list order. The scheduler lists both in first-occurrence order of the mini-batch,
-        like ``keys``, so a membership mask gives the positions; anything else is a mismatch."""
-        local_mask = np.isin(keys, plan.update_local)
-        local, shared = np.flatnonzero(local_mask), np.flatnonzero(~local_mask)
-        if not (
-            np.array_equal(keys[local], plan.update_local)
-            and np.array_equal(keys[shared], plan.push_grads)
-        ):
+        list order, found by key: the two lists must cover the mini-batch's distinct keys
+        (``keys``), each once, in any order; anything else is a mismatch."""
+        index = KeyIndex(keys.shape[0])
+        index.insert(keys)
+        local, shared = index.lookup(plan.update_local), index.lookup(plan.push_grads)
+        rows = np.concatenate([local, shared])
+        covered = rows.shape[0] == keys.shape[0] and bool((rows >= 0).all())
+        if not covered or np.unique(rows).shape[0] != keys.shape[0]:
             raise PlanMismatch(
                 f"plan {plan.iteration}'s update and push lists do not cover worker "
-                f"{self.worker}'s mini-batch keys, in their order"
+                f"{self.worker}'s mini-batch keys, each once"
             )
         return local, shared
 

@@ -81,17 +81,38 @@ def test_a_plan_without_samples_is_refused(cluster: ClusterFactory) -> None:
     assert len(step.cache) == 0  # refused before anything moved
 
 
-def test_lists_out_of_order_or_rows_not_held_are_refused(cluster: ClusterFactory) -> None:
-    """Gradient rows are matched to keys by the plan's order; a reordered list would apply
-    one key's gradient to another, so it is refused before anything moves."""
+def test_lists_that_miss_or_repeat_keys_or_rows_not_held_are_refused(
+    cluster: ClusterFactory,
+) -> None:
+    """Gradient rows are matched to the lists' keys by key, so the lists must cover the
+    mini-batch's keys, each once; otherwise the plan is refused before anything moves."""
     step, plans, _ = one_worker(cluster)
     first = plans[0]
     assert first.update_local.shape[0] >= 2
-    with pytest.raises(PlanMismatch, match="in their order"):
-        step.run(replace(first, update_local=first.update_local[::-1]))
+    for bad in (first.update_local[1:], np.concatenate([first.update_local,
+                                                        first.update_local[:1]])):  # fmt: skip
+        with pytest.raises(PlanMismatch, match="each once"):
+            step.run(replace(first, update_local=bad))
     assert len(step.cache) == 0
     with pytest.raises(PlanMismatch, match="does not hold"):
         step.run(replace(first, pull=first.pull[1:]))
+
+
+def test_lists_in_another_order_train_the_same_rows(cluster: ClusterFactory) -> None:
+    """The scheduler may list a worker's keys in any order: reversed lists apply each
+    key's own gradient, so the cache ends exactly as with the lists as planned."""
+    results = []
+    for reverse in (False, True):
+        step, plans, _ = one_worker(cluster)
+        first = plans[0]
+        if reverse:
+            first = replace(first, update_local=first.update_local[::-1],
+                            push_grads=first.push_grads[::-1])  # fmt: skip
+        step.run(first)
+        values, state = step.cache.host_rows(np.sort(first.update_local))
+        results.append((values, state))
+    assert np.array_equal(results[0][0], results[1][0])
+    assert np.array_equal(results[0][1], results[1][1])
 
 
 def test_the_pipelined_step_joins_prefetched_and_late_rows(cluster: ClusterFactory) -> None:
