@@ -182,33 +182,17 @@ def rows_of_kids(kids, uniq, holders, info, hold):  # type: ignore[no-untyped-de
         hold[i] = info[i, HOLDERS]
 
 
+_HELD_AHEAD = 16  # held occurrences whose hold and seen lines choose_chunk prefetches ahead
+
+
 @njit(nogil=True, inline="always")
-def _choose_worker(  # type: ignore[no-untyped-def]  # pragma: no cover
-    i, offsets, lids, hold, seen, room, scores, touched, choose, given, first_free, end
+def _decide(  # type: ignore[no-untyped-def]  # pragma: no cover
+    i, count, scores, touched, room, choose, given, first_free
 ):
-    """Sample ``i``'s worker (Algorithm 1's choice, or ``given[i]``), shared by
-    :func:`partition` and :func:`choose_chunk`: (worker, lowest worker that may have room,
-    1 if some worker holds one of its keys validly, 1 if the chosen one holds the most).
-    ``hold[lid]``: the workers holding key ``lid`` validly (a compact copy of the info
-    column: this loop reads it once per key occurrence). A key nobody holds scores
-    nothing, so only held keys are checked for repeats within the sample (``seen``)."""
-    count = 0
-    for p in range(offsets[i], offsets[i + 1]):
-        if p + PREFETCH_DISTANCE < end:
-            prefetch(hold, lids[p + PREFETCH_DISTANCE])
-        lid = lids[p]
-        mask = hold[lid]
-        if not mask or seen[lid] == i:
-            continue
-        seen[lid] = i
-        while mask:
-            low = mask & (~mask + np.uint64(1))
-            w = bit_index(low)
-            if scores[w] == 0:
-                touched[count] = w
-                count += 1
-            scores[w] += 1
-            mask ^= low
+    """Sample ``i``'s worker from its scores (``scores[touched[:count]]``, reset here):
+    Algorithm 1's choice, or ``given[i]``. Returns (worker, lowest worker that may have
+    room, 1 if some worker holds one of its keys validly, 1 if the chosen one holds the
+    most)."""
     top = 0
     if choose:
         best = -1
@@ -243,7 +227,7 @@ def _choose_worker(  # type: ignore[no-untyped-def]  # pragma: no cover
 # chunks in order). A worker's mini-batch is its marked keys in lid order, i.e. in order
 # of first occurrence in the batch (stage 4 lists them).
 @njit(nogil=True)
-def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
+def choose_chunk(offsets, lids, held_bits, hold, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Each sample's worker, for samples ``first..last-1``; ``state`` carries (lowest
     worker that may have room, held, local) from chunk to chunk.
 
@@ -253,17 +237,48 @@ def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, gi
     has room the lowest-id worker with room wins (all others score 0). Otherwise sample i
     goes to ``given[i]``. Either way: ``held`` = samples some worker holds a key of
     validly, ``local`` = those assigned to a worker holding the most of their keys
-    (ignoring room). ``seen`` (one per lid, -1 at the first chunk) is the caller's
-    scratch."""
+    (ignoring room). ``hold[lid]``: the workers holding key ``lid`` validly. ``seen``
+    (one per lid, -1 at the first chunk) is the caller's scratch."""
     num_workers = room.shape[0]
     choose = given.shape[0] == 0
     scores = np.zeros(num_workers, dtype=np.int64)
     touched = np.empty(num_workers, dtype=np.int64)
     first_free, held, local = state[0], state[1], state[2]
-    end = offsets[last]
+    # Most keys of a batch are held by no worker and score nothing: one flat pass lists the
+    # occurrences of held keys (a bit per lid in ``held_bits`` says which, a few KB that
+    # stay in the L1 cache; no branch per key), and only those are scored.
+    start, end = offsets[first], offsets[last]
+    listed = np.empty(end - start + 1, dtype=np.int64)
+    nlisted = 0
+    for p in range(start, end):
+        lid = lids[p]
+        listed[nlisted] = p
+        nlisted += (held_bits[lid >> 3] >> (lid & 7)) & 1
+    j = 0
     for i in range(first, last):
-        best, first_free, h, loc = _choose_worker(
-            i, offsets, lids, hold, seen, room, scores, touched, choose, given, first_free, end
+        stop = offsets[i + 1]
+        count = 0
+        while j < nlisted and listed[j] < stop:
+            if j + _HELD_AHEAD < nlisted:
+                ahead = lids[listed[j + _HELD_AHEAD]]
+                prefetch(hold, ahead)
+                prefetch(seen, ahead)
+            lid = lids[listed[j]]
+            j += 1
+            if seen[lid] == i:  # a key repeated in the sample counts once
+                continue
+            seen[lid] = i
+            mask = hold[lid]
+            while mask:
+                low = mask & (~mask + np.uint64(1))
+                w = bit_index(low)
+                if scores[w] == 0:
+                    touched[count] = w
+                    count += 1
+                scores[w] += 1
+                mask ^= low
+        best, first_free, h, loc = _decide(
+            i, count, scores, touched, room, choose, given, first_free
         )
         assign[i] = best
         held += h
@@ -275,20 +290,33 @@ def choose_chunk(offsets, lids, hold, seen, room, state, assign, first, last, gi
 @njit(nogil=True)
 def mark_chunk(offsets, lids, assign, trainers, counts, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
     """The mini-batches of samples ``first..last-1``, as marks: bit w of ``trainers[lid]``
-    once worker w trains key ``lid``, and ``counts[w]`` its distinct keys."""
-    end = offsets[last]
-    for p in range(offsets[first], min(offsets[first] + PREFETCH_DISTANCE, end)):
+    once worker w trains key ``lid``, and ``counts[w]`` its distinct keys. One flat loop
+    over the key occurrences, the worker switched at sample boundaries, and no branch per
+    key (about half of the occurrences are a worker's first of a key)."""
+    if first == last:
+        return 0
+    start, end = offsets[first], offsets[last]
+    for p in range(start, min(start + PREFETCH_DISTANCE, end)):
         prefetch(trainers, lids[p])
-    for i in range(first, last):
-        w = assign[i]
-        bit = np.uint64(1) << np.uint64(w)
-        for p in range(offsets[i], offsets[i + 1]):
-            if p + PREFETCH_DISTANCE < end:
-                prefetch(trainers, lids[p + PREFETCH_DISTANCE])
-            lid = lids[p]
-            if not trainers[lid] & bit:
-                trainers[lid] |= bit
-                counts[w] += 1
+    i = first
+    stop = offsets[i + 1]
+    w = assign[i]
+    fresh = np.int64(0)
+    for p in range(start, end):
+        while p >= stop:  # the next sample (and past any empty ones)
+            counts[w] += fresh
+            fresh = np.int64(0)
+            i += 1
+            stop = offsets[i + 1]
+            w = assign[i]
+        if p + PREFETCH_DISTANCE < end:
+            prefetch(trainers, lids[p + PREFETCH_DISTANCE])
+        lid = lids[p]
+        t = trainers[lid]
+        shift = np.uint64(w)
+        trainers[lid] = t | (np.uint64(1) << shift)
+        fresh += np.int64(((t >> shift) & np.uint64(1)) ^ np.uint64(1))
+    counts[w] += fresh
     return 0
 
 

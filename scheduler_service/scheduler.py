@@ -100,6 +100,7 @@ def _partition(
     counts = np.zeros(n + 1, np.int64)
     assign = np.empty(samples, np.int64)
     trainers = np.zeros(nb, np.uint64)
+    held_bits = np.packbits(hold != 0, bitorder="little")  # bit lid: some worker holds it
     pipelined = lids.shape[0] >= PARALLEL_KEYS and samples >= 2 * PARTITION_CHUNKS
     bounds = np.linspace(0, samples, PARTITION_CHUNKS + 1 if pipelined else 2).astype(int)
     chunks = list(itertools.pairwise(bounds.tolist()))
@@ -124,8 +125,8 @@ def _partition(
             list_(c)
 
     for c, (a, b) in enumerate(chunks):
-        kernels.choose_chunk(batch.offsets, lids, hold, seen, room, choice_state, assign, a, b,
-                             given)  # fmt: skip
+        kernels.choose_chunk(batch.offsets, lids, held_bits, hold, seen, room, choice_state,
+                             assign, a, b, given)  # fmt: skip
         if pipelined:
             HELPER.submit(helper, c)
     for c in range(len(chunks)):
