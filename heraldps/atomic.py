@@ -7,7 +7,9 @@ key's word at once. A plain ``word &= ~bit`` is a load and a store, so one
 thread's clear could undo the other's; ``atomic_and(array, i, mask)`` is one
 locked instruction (LLVM's ``atomicrmw and``, monotonic ordering: each word's
 updates are never lost; no order between different words is implied, none is
-needed). Uncontended, it costs a few nanoseconds more than the plain store.
+needed). It returns the word as it was, so of two threads clearing the last two bits
+exactly one sees the word become zero. Uncontended, it costs a few nanoseconds more than
+the plain store.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _atomic_and_typing(  # pragma: no cover
         and isinstance(mask, types.Integer)
     ):
         return None
-    sig = types.void(array, index, mask)
+    sig = array.dtype(array, index, mask)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         array_type = signature.args[0]
@@ -43,12 +45,11 @@ def _atomic_and_typing(  # pragma: no cover
         address = cgutils.get_item_pointer(  # type: ignore[no-untyped-call]
             context, builder, array_type, view, [position], wraparound=False
         )
-        builder.atomic_rmw("and", address, value, "monotonic")
-        return context.get_dummy_value()
+        return builder.atomic_rmw("and", address, value, "monotonic")
 
     return sig, codegen
 
 
-atomic_and = cast(Callable[[Any, Any, Any], None], intrinsic(_atomic_and_typing))
+atomic_and = cast(Callable[[Any, Any, Any], Any], intrinsic(_atomic_and_typing))
 """``atomic_and(array, i, mask)`` in compiled code: ``array[i] &= mask`` as one atomic
-operation (``array``: a 1-D int64 or uint64 array)."""
+operation, returning the value before (``array``: a 1-D int64 or uint64 array)."""

@@ -25,6 +25,8 @@ from heraldps.prefetch import prefetch
 from heraldps.sharding import splitmix64
 
 _MIN_CAPACITY = 1024
+_NO_ROWS = np.empty(0, dtype=np.int64)  # no freed rows (lookups)
+_NO_MARKS = np.empty(0, dtype=np.bool_)
 
 
 @njit(nogil=True, inline="always")
@@ -63,8 +65,13 @@ def _resolve(
     add: bool,
     next_row: int,
     out: npt.NDArray[np.int64],
-) -> int:  # pragma: no cover - compiled
-    """Row of every key (-1 if absent and not ``add``); returns the next free row."""
+    free: npt.NDArray[np.int64],
+    nfree: int,
+    added: npt.NDArray[np.bool_],
+) -> tuple[int, int]:  # pragma: no cover - compiled
+    """Row of every key (-1 if absent and not ``add``). An added key takes the last of the
+    ``nfree`` rows in ``free``, else ``next_row``, and is marked in ``added`` (when that is
+    not empty). Returns (next row, free rows left)."""
     n = keys.shape[0]
     ahead = np.empty(PREFETCH_DISTANCE, dtype=np.uint64)
     ring = PREFETCH_DISTANCE - 1
@@ -80,10 +87,16 @@ def _resolve(
         s = probe_from(slots, keys[i], start)
         if add and slots[s, 1] < 0:
             slots[s, 0] = keys[i]
-            slots[s, 1] = next_row
-            next_row += 1
+            if nfree:
+                nfree -= 1
+                slots[s, 1] = free[nfree]
+            else:
+                slots[s, 1] = next_row
+                next_row += 1
+            if added.shape[0]:
+                added[i] = True
         out[i] = slots[s, 1]
-    return next_row
+    return next_row, nfree
 
 
 @njit(nogil=True)
@@ -93,10 +106,12 @@ def _insert_absent(
     hints: npt.NDArray[np.int64],
     next_row: int,
     out: npt.NDArray[np.int64],
-) -> int:  # pragma: no cover - compiled
+    free: npt.NDArray[np.int64],
+    nfree: int,
+) -> tuple[int, int]:  # pragma: no cover - compiled
     """Insert distinct ``keys`` known to be absent, each probing on from ``hints[i]`` (the
     empty slot where its lookup ended; an earlier key of this call may have taken it).
-    Returns the next free row."""
+    Rows as in :func:`_resolve`; returns (next row, free rows left)."""
     n = keys.shape[0]
     for i in range(min(PREFETCH_DISTANCE, n)):
         prefetch(slots, hints[i])
@@ -105,10 +120,33 @@ def _insert_absent(
             prefetch(slots, hints[i + PREFETCH_DISTANCE])
         s = probe_from(slots, keys[i], np.uint64(hints[i]))
         slots[s, 0] = keys[i]
-        slots[s, 1] = next_row
-        out[i] = next_row
-        next_row += 1
-    return next_row
+        if nfree:
+            nfree -= 1
+            row = free[nfree]
+        else:
+            row = next_row
+            next_row += 1
+        slots[s, 1] = row
+        out[i] = row
+    return next_row, nfree
+
+
+@njit(nogil=True)
+def _remove_keys(
+    slots: npt.NDArray[np.int64],
+    keys: npt.NDArray[np.int64],
+    free: npt.NDArray[np.int64],
+    nfree: int,
+) -> int:  # pragma: no cover - compiled
+    """Remove ``keys`` (absent ones are ignored), their rows pushed onto ``free``; returns
+    the free rows now."""
+    for i in range(keys.shape[0]):
+        s = table_find(slots, keys[i])
+        if s >= 0:
+            free[nfree] = slots[s, 1]
+            nfree += 1
+            table_remove(slots, s)
+    return nfree
 
 
 # ----- removable entries (worker caches, the scheduler's per-worker positions) ------
@@ -189,15 +227,25 @@ def _capacity_for(rows: int) -> int:
 
 
 class KeyIndex:
-    """Maps int64 keys to rows ``0..len-1`` in order of first insertion."""
+    """Maps int64 keys to int64 rows: ``0..len-1`` in order of first insertion, until keys
+    are removed; then new keys reuse the freed rows (last freed first), so rows stay below
+    the most keys ever held at once (:attr:`rows`)."""
 
     def __init__(self, expected_rows: int = 0) -> None:
         capacity = _capacity_for(expected_rows)
         self._slots = empty_slot_table(capacity)
-        self._size = 0
+        self._size = 0  # keys held
+        self._rows = 0  # rows ever handed out
+        self._free = np.empty(0, dtype=np.int64)  # freed rows, a stack
+        self._nfree = 0
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def rows(self) -> int:
+        """One past the highest row handed out (equals ``len`` until keys are removed)."""
+        return self._rows
 
     @property
     def slots(self) -> npt.NDArray[np.int64]:
@@ -208,7 +256,7 @@ class KeyIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the slot arrays."""
-        return int(self._slots.nbytes)
+        return int(self._slots.nbytes + self._free.nbytes)
 
     @staticmethod
     def bytes_for(rows: int) -> int:
@@ -219,15 +267,21 @@ class KeyIndex:
         """Row of every key, -1 where absent."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         out = np.empty(keys.shape[0], dtype=np.int64)
-        _resolve(self._slots, keys, False, 0, out)
+        _resolve(self._slots, keys, False, 0, out, _NO_ROWS, 0, _NO_MARKS)
         return out
 
-    def insert(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Row of every key, adding absent keys (duplicates get one row) in order."""
+    def insert(
+        self, keys: npt.NDArray[np.int64], added: npt.NDArray[np.bool_] | None = None
+    ) -> npt.NDArray[np.int64]:
+        """Row of every key, adding absent keys (duplicates get one row) in order; with
+        ``added`` (all False, one per key), marks the keys that were added."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         self._reserve(self._size + keys.shape[0])
         out = np.empty(keys.shape[0], dtype=np.int64)
-        self._size = int(_resolve(self._slots, keys, True, self._size, out))
+        marks = _NO_MARKS if added is None else added
+        rows, nfree = _resolve(self._slots, keys, True, self._rows, out, self._free,
+                               self._nfree, marks)  # fmt: skip
+        self._took(int(rows), int(nfree))
         return out
 
     def insert_absent(
@@ -235,13 +289,33 @@ class KeyIndex:
     ) -> npt.NDArray[np.int64]:
         """Rows for distinct ``keys`` that a lookup of the current :attr:`slots` did not
         find; ``hints[i]``: the empty slot where that lookup ended (``probe``). Only valid
-        while no insert has replaced the slots since: call :meth:`reserve` before the
-        lookups. Saves the second hash probe of :meth:`insert`."""
+        while no insert or remove has changed the slots since: call :meth:`reserve` before
+        the lookups. Saves the second hash probe of :meth:`insert`."""
         if self._size + keys.shape[0] > self._slots.shape[0] // 2:
             raise ValueError("insert_absent past the reserved rows: reserve() first")
         out = np.empty(keys.shape[0], dtype=np.int64)
-        self._size = int(_insert_absent(self._slots, keys, hints, self._size, out))
+        rows, nfree = _insert_absent(self._slots, keys, hints, self._rows, out, self._free,
+                                     self._nfree)  # fmt: skip
+        self._took(int(rows), int(nfree))
         return out
+
+    def remove(self, keys: npt.NDArray[np.int64]) -> int:
+        """Drop distinct ``keys`` (absent ones are ignored); their rows go to new keys.
+        Returns how many were present."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        if self._nfree + keys.shape[0] > self._free.shape[0]:
+            grown = np.empty(max(2 * self._free.shape[0], self._nfree + keys.shape[0]), np.int64)
+            grown[: self._nfree] = self._free[: self._nfree]
+            self._free = grown
+        before = self._nfree
+        self._nfree = int(_remove_keys(self._slots, keys, self._free, self._nfree))
+        removed = self._nfree - before
+        self._size -= removed
+        return removed
+
+    def _took(self, rows: int, nfree: int) -> None:
+        self._size += (rows - self._rows) + (self._nfree - nfree)
+        self._rows, self._nfree = rows, nfree
 
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` keys in all: the slots are not replaced until more come."""
@@ -291,7 +365,7 @@ class SlotMap:
         """Value of every key, -1 where absent."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         out = np.empty(keys.shape[0], dtype=np.int64)
-        _resolve(self._slots, keys, False, 0, out)
+        _resolve(self._slots, keys, False, 0, out, _NO_ROWS, 0, _NO_MARKS)
         return out
 
     def put(self, keys: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> None:

@@ -452,8 +452,9 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
     ``out_keys``: row 0 pulled keys, row 1 evicted keys (eviction order), row 2 trained
     keys (those only w trains first, then co-trained ones), row 3 the evicted keys w held
     dirty; ``counts[w]`` = (pulls, evictions, where co-trained keys start in row 2, hits,
-    dirty evictions). ``scratch`` (2 rows like ``out_keys``) holds co-trained keys and
-    inserted kids until the pass ends.
+    dirty evictions, keys now cached nowhere). ``scratch`` (3 rows like ``out_keys``) holds
+    co-trained keys and inserted kids until the pass ends, and in row 2 the kids w evicted
+    last (no worker caches them now: clean, no holder, so the mirror can forget them).
     """
     nb = info.shape[0]
     pulled = out_keys[0]
@@ -462,6 +463,7 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
     dirty = out_keys[3]
     co_trained = scratch[0]
     staged = scratch[1]
+    gone = scratch[2]
     group = np.uint64(0)
     for w in range(first, last):
         start = wl_offsets[w]
@@ -483,6 +485,7 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
         head = heads[w]
         nev = start
         ndirty = start
+        ngone = start
         while need > 0:
             v = np.int64(ring[head])
             head = (head + 1) & mask
@@ -496,8 +499,11 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
                     atomic_and(flat, v * RECORD_FIELDS + R_REFERENCED, clear)
                 ring[(head + n - 1) & mask] = np.int32(v)  # round again, at the tail
                 continue
-            atomic_and(flat, v * RECORD_FIELDS + R_CACHED, clear)
+            was_cached = atomic_and(flat, v * RECORD_FIELDS + R_CACHED, clear)
             atomic_and(flat, v * RECORD_FIELDS + R_HOLDERS, clear)
+            if not was_cached & clear:  # its last copy: the mirror may forget the key
+                gone[ngone] = v
+                ngone += 1
             key = key_of[v]
             evicted[nev] = key
             nev += 1
@@ -511,6 +517,7 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
         used[w] = n
         counts[w, 1] = nev - start
         counts[w, 4] = ndirty - start
+        counts[w, 5] = ngone - start
     # the lists: one pass over the batch's keys, each written to its workers' regions
     npl = wl_offsets[:-1].copy()
     nlocal = wl_offsets[:-1].copy()

@@ -30,6 +30,9 @@ Capacity and growth (what the job knows sizes the structures up front):
   0 when unknown) sizes the key index and the records, so a run that sees no more
   keys never rehashes or copies them. Past it, both double (one O(keys) copy each,
   amortized O(1) per key).
+- A key no worker caches any more is forgotten (``forget``): index entry and record
+  go, and a new key reuses its kid. The mirror holds the keys the caches hold, plus
+  one batch's, whatever the vocabulary.
 - Records live on a lazily committed mapping (``heraldps.hostmem``): reserving
   rows costs no memory until a key takes them.
 - A worker's ring holds at most ``capacity`` kids (4 bytes each); it starts at
@@ -99,6 +102,7 @@ class CacheMirror:
         self._scratch: dict[str, npt.NDArray[np.int64]] = {}
         self.samples_seen = 0
         self.batches_seen = 0
+        self.forgotten = 0  # keys dropped because no cache held them any more
 
     # ----- keys ----------------------------------------------------------------
     def local_ids(
@@ -178,9 +182,9 @@ class CacheMirror:
         info = self.scratch("info", fields * nb).view(np.uint64).reshape(nb, fields)
         hold = self.scratch("hold", nb).view(np.uint64)
         if nb < PARALLEL_KEYS:  # one thread: register and look up in one pass each
-            known = len(self.index)
-            kids = self.index.insert(uniq)
-            self._register(known, uniq[kids >= known] if len(self.index) > known else uniq[:0])
+            added = np.zeros(nb, dtype=bool)
+            kids = self.index.insert(uniq, added)
+            self._register(kids[added], uniq[added])
             kernels.rows_of_kids(kids, uniq, self.holders, info, hold)
             return info, hold
         self.index.reserve(len(self.index) + nb)  # the lookups' slots stay valid
@@ -193,23 +197,31 @@ class CacheMirror:
         kids = info[:, kernels.KID].view(np.int64)
         missing = np.flatnonzero(kids < 0)
         if missing.shape[0]:
-            known = len(self.index)
             new_keys = uniq[missing]
             fresh = self.index.insert_absent(new_keys, -kids[missing] - 1)
-            self._register(known, new_keys)
+            self._register(fresh, new_keys)
             info[missing, kernels.KID] = fresh.astype(np.uint64)
         return info, hold
 
-    def _register(self, known: int, new_keys: npt.NDArray[np.int64]) -> None:
-        """Records for the keys the index just numbered ``known..``, in that order (new
-        records are all zero: no holder, not cached, no owner)."""
-        n = known + new_keys.shape[0]
-        if not new_keys.shape[0]:
+    def _register(self, kids: npt.NDArray[np.int64], keys: npt.NDArray[np.int64]) -> None:
+        """Records for keys the index just gave ``kids`` (new rows, or rows the mirror
+        forgot, which :meth:`forget` left all zero: no holder, not cached, no owner)."""
+        if not keys.shape[0]:
             return
-        if n > self.records.shape[0]:
-            rows = max(n, 2 * self.records.shape[0])
+        rows = self.index.rows
+        if rows > self.records.shape[0]:
+            rows = max(rows, 2 * self.records.shape[0])
             self._set_records(hostmem.grown(self.records, rows), hostmem.grown(self.key_of, rows))
-        self.key_of[known:n] = new_keys
+        self.key_of[kids] = keys
+
+    def forget(self, kids: npt.NDArray[np.int64]) -> None:
+        """Drop keys no worker caches any more (their last copy was just evicted, so they
+        are clean and held nowhere): their index entries and records go, and new keys
+        reuse their kids. So the mirror holds the keys the caches hold (plus a batch), not
+        every key it has seen."""
+        self.index.remove(self.key_of[kids])
+        self.records[kids] = 0
+        self.forgotten += kids.shape[0]
 
     def _set_records(self, records: npt.NDArray[np.uint64], key_of: npt.NDArray[np.int64]) -> None:
         self.records = records
@@ -230,8 +242,8 @@ class CacheMirror:
 
     # ----- state for checkpoints and tests ----------------------------------------
     def dirty_owners(self) -> npt.NDArray[np.int64]:
-        """The worker holding each kid's row dirty (-1: none), kids ``0..len(index)-1``."""
-        meta = self.records[: len(self.index), kernels.R_META]
+        """The worker holding each kid's row dirty (-1: none), kids ``0..index.rows-1``."""
+        meta = self.records[: self.index.rows, kernels.R_META]
         return (meta >> np.uint64(32)).astype(np.int64) - 1
 
     def dirty_rows(self) -> int:

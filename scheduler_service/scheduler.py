@@ -428,25 +428,30 @@ def _evict_and_list(
     """Stage 4 (``kernels.evict_and_list``) for every worker: on two threads, each with
     about half of the (key, worker) pairs, when the batch is big enough to pay for it.
 
-    Returns (out_keys, counts) as ``kernels.evict_and_list`` fills them."""
+    Returns (out_keys, counts) as ``kernels.evict_and_list`` fills them; the mirror then
+    forgets the keys no worker caches any more."""
     n = mirror.num_workers
     total = int(wl_offsets[-1])
     out = np.empty((4, total), np.int64)  # the plans keep views of it
-    counts = np.zeros((n, 5), np.int64)
-    staging = mirror.scratch("staging", 2 * total).reshape(2, total)
+    counts = np.zeros((n, 6), np.int64)
+    staging = mirror.scratch("staging", 3 * total).reshape(3, total)
     args = (
         wl_offsets, info, trainers, ops, inserts, mirror.capacity, mirror.rings, mirror.heads,
         mirror.used, mirror.flat, mirror.key_of, out, counts, staging,
     )  # fmt: skip
     if total < PARALLEL_PAIRS or n == 1:
         kernels.evict_and_list(0, n, *args)
-        return out, counts
-    # Two groups of workers with about equal pairs (each group's pass reads every key).
-    cut = int(np.clip(np.searchsorted(wl_offsets, total // 2), 1, n - 1))
-    run_pieces([
-        partial(kernels.evict_and_list, 0, cut, *args),
-        partial(kernels.evict_and_list, cut, n, *args),
-    ])  # fmt: skip
+    else:  # two groups of workers with about equal pairs (each reads every key)
+        cut = int(np.clip(np.searchsorted(wl_offsets, total // 2), 1, n - 1))
+        run_pieces([
+            partial(kernels.evict_and_list, 0, cut, *args),
+            partial(kernels.evict_and_list, cut, n, *args),
+        ])  # fmt: skip
+    if counts[:, 5].any():
+        starts, gone = wl_offsets[:-1].tolist(), counts[:, 5].tolist()
+        mirror.forget(
+            np.concatenate([staging[2][a : a + c] for a, c in zip(starts, gone, strict=True)])
+        )
     return out, counts
 
 

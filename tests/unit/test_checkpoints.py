@@ -74,7 +74,7 @@ def test_a_checkpoint_plan_writes_back_every_dirty_row(mode: str) -> None:
         released_plain += plain.submit(batch)
         m = checked.mirror
         owners = m.dirty_owners()
-        dirty_keys = m.key_of[: len(m.index)][owners >= 0]
+        dirty_keys = m.key_of[: m.index.rows][owners >= 0]
         released = checked.submit(batch)
         released_checked += released
         if released and released[0].checkpoint:

@@ -86,3 +86,28 @@ def test_insert_absent_takes_the_slots_the_lookups_ended_at() -> None:
     assert index.lookup(present).tolist() == list(range(3000))
     with pytest.raises(ValueError, match="reserve"):
         index.insert_absent(np.arange(10**6, dtype=np.int64), np.zeros(10**6, np.int64))
+
+
+def test_removed_keys_free_their_rows_for_new_keys() -> None:
+    """Removing keys frees their rows; new keys take them (last freed first) before any
+    new row, so rows stay below the most keys held at once; lookups stay exact."""
+    index = KeyIndex()
+    first = np.arange(100, dtype=np.int64) * 7
+    index.insert(first)
+    assert index.remove(first[10:40]) == 30 and index.remove(first[10:12]) == 0
+    assert len(index) == 70 and index.rows == 100
+    assert (index.lookup(first[10:40]) == -1).all()
+    assert index.lookup(first[:10]).tolist() == list(range(10))
+    new = np.arange(50, dtype=np.int64) * 7 + 1
+    rows = index.insert(new)
+    assert sorted(rows[:30].tolist()) == list(range(10, 40))  # the freed rows first
+    assert rows[30:].tolist() == list(range(100, 120))
+    assert len(index) == 120 and index.rows == 120
+    assert index.lookup(new).tolist() == rows.tolist()
+    assert index.lookup(first[40:]).tolist() == list(range(40, 100))
+    index.remove(new[:5])
+    index.reserve(len(index) + 5)
+    hints = np.array([int(probe(index.slots, np.int64(k))) for k in new[:5]], np.int64)
+    again = index.insert_absent(new[:5], hints)
+    assert sorted(again.tolist()) == sorted(rows[:5].tolist())
+    assert index.lookup(new).tolist() == [*again.tolist(), *rows[5:].tolist()]

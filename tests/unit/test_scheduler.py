@@ -302,3 +302,29 @@ def test_expected_keys_sizes_the_mirror_up_front() -> None:
     assert s.mirror.holders.shape[0] >= 100_000
     with pytest.raises(InvalidArgument, match="expected keys"):
         Scheduler(2, 10, "herald", expected_keys=-1)
+
+
+@pytest.mark.parametrize("mode", ["herald", "naive"])
+def test_the_mirror_forgets_keys_no_cache_holds(mode: str) -> None:
+    """A vocabulary far larger than the caches: the mirror keeps only keys some cache
+    holds (plus the batch's), reusing forgotten kids, and still plans as the reference."""
+    rng = np.random.default_rng(21)
+    workers, per_worker, fields, capacity = 4, 8, 6, 60
+    samples = workers * per_worker
+    offsets = np.arange(samples + 1) * fields
+    batches = [Batch.from_arrays(t, offsets, rng.integers(0, 20_000, samples * fields), workers)
+               for t in range(60)]  # fmt: skip
+    fast, ref = (
+        Scheduler(workers, capacity, mode),
+        ReferenceScheduler.for_mode(workers, capacity, mode),
+    )
+    for a, b in zip(run(fast, batches), run(ref, batches), strict=True):
+        assert a.same_as(b)
+    assert fast.counts == ref.counts
+    m = fast.mirror
+    assert m.forgotten > 5 * workers * capacity
+    assert len(m.index) <= workers * capacity + samples * fields
+    assert m.index.rows <= workers * capacity + 2 * samples * fields
+    held = {k for w in range(workers) for k in m.cached_keys(w).tolist()}
+    assert held <= {k for k in m.key_of[: m.index.rows].tolist()}
+    assert len(m.index) == len(held)
