@@ -8,12 +8,24 @@ So heraldps points numba's cache at ``NUMBA_CACHE_DIR`` when the user set it,
 else at ``$XDG_CACHE_HOME/heraldps/numba`` (``~/.cache/heraldps/numba``), else
 at a per-user folder under the temporary directory; if none is writable,
 kernels compile at every start instead of being cached.
+
+A cold cache costs each process kind 10-13 s of compiling at its first use.
+``heraldps warmup`` compiles every kernel ahead of time; the container image runs
+it at build time into a read-only folder named by ``HERALDPS_KERNEL_SEED``, whose
+files this module copies into the (writable) cache at import, so a new container
+loads its kernels instead of compiling them (docs/deployment.md#compiled-kernels).
+Numba keys each compiled kernel by the CPU it was compiled for; the image compiles
+for ``NUMBA_CPU_NAME=generic`` so its kernels load on any x86-64 node. An empty
+``NUMBA_CPU_NAME`` means this machine's own CPU (numba alone would read it as a
+nameless CPU with this machine's features).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,10 +58,57 @@ def cache_dir() -> str | None:
     return next((str(c) for c in candidates if _writable(c)), None)
 
 
+SEED_ENV = "HERALDPS_KERNEL_SEED"
+
+
+def seed_cache(cache: Path, seed: Path) -> int:
+    """Copy every compiled kernel of ``seed`` (a cache ``heraldps warmup`` filled; it may
+    be read-only) that ``cache`` does not have into ``cache``. Returns the number of files
+    copied. Files already in ``cache`` are kept: numba rewrites an index when it compiles
+    something new (another CPU), and that index knows more than the seed's. Each file is
+    copied to a temporary name and linked into place, so processes starting at once never
+    see half a file; data files go first, so no index names a file not there yet."""
+    copied = 0
+    for folder in sorted(p for p in seed.iterdir() if p.is_dir()):
+        target = cache / folder.name
+        files = sorted(folder.iterdir(), key=lambda f: (f.suffix == ".nbi", f.name))
+        for source in files:
+            dest = target / source.name
+            if source.suffix not in (".nbi", ".nbc") or dest.exists():
+                continue
+            target.mkdir(parents=True, exist_ok=True)
+            temporary = target / f".{source.name}.{os.getpid()}.seed"
+            shutil.copyfile(source, temporary)
+            try:
+                os.link(temporary, dest)
+                copied += 1
+            except FileExistsError:  # another process was quicker
+                pass
+            except OSError:  # a file system without hard links
+                if not dest.exists():
+                    os.replace(temporary, dest)
+                    copied += 1
+            finally:
+                temporary.unlink(missing_ok=True)
+    return copied
+
+
+def _seed_from_environment(cache: str) -> None:
+    seed = os.environ.get(SEED_ENV)
+    if not seed or not Path(seed).is_dir() or Path(seed).resolve() == Path(cache).resolve():
+        return
+    with suppress(OSError):  # a cache that cannot take it compiles at first use, as unseeded
+        seed_cache(Path(cache), Path(seed))
+
+
+_config: Any = numba.config
+if os.environ.get("NUMBA_CPU_NAME") == "":  # empty: this machine's CPU, by name
+    _config.CPU_NAME = None
+    _config.CPU_FEATURES = None
 CACHE_DIR = cache_dir()
 if CACHE_DIR is not None:
-    _config: Any = numba.config
     _config.CACHE_DIR = CACHE_DIR
+    _seed_from_environment(CACHE_DIR)
 
 
 def njit(**options: Any) -> _JITWrapper:
