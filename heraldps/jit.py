@@ -6,8 +6,8 @@ removes the package but not those files, and the orphaned folder then shadows
 the real package (``cannot import name '__version__' from 'heraldps'``).
 So heraldps points numba's cache at ``NUMBA_CACHE_DIR`` when the user set it,
 else at ``$XDG_CACHE_HOME/heraldps/numba`` (``~/.cache/heraldps/numba``), else
-at a per-user folder under the temporary directory; if none is writable,
-kernels compile at every start instead of being cached.
+at a per-user folder under the temporary directory: the first of these that is
+writable; if none is, kernels compile at every start instead of being cached.
 
 A cold cache costs each process kind 10-13 s of compiling at its first use.
 ``heraldps warmup`` compiles every kernel ahead of time; the container image runs
@@ -22,6 +22,7 @@ nameless CPU with this machine's features).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -45,17 +46,24 @@ def _writable(path: Path) -> bool:
 
 
 def cache_dir() -> str | None:
-    """Where compiled kernels are cached (None: nowhere writable, no caching)."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return os.environ["NUMBA_CACHE_DIR"]
-    candidates = []
+    """Where compiled kernels are cached (None: nowhere writable, no caching). A
+    ``NUMBA_CACHE_DIR`` that cannot be written (a read-only root file system without a
+    writable /tmp) is passed over with a warning: numba would refuse to compile at all."""
+    wanted = os.environ.get("NUMBA_CACHE_DIR")
+    candidates = [Path(wanted)] if wanted else []
     try:
         base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         candidates.append(Path(base) / "heraldps" / "numba")
     except (KeyError, RuntimeError):  # no home directory (e.g. a uid without a passwd entry)
         pass
     candidates.append(Path(tempfile.gettempdir()) / f"heraldps-numba-{os.getuid()}")
-    return next((str(c) for c in candidates if _writable(c)), None)
+    found = next((str(c) for c in candidates if _writable(c)), None)
+    if wanted and found != wanted:
+        instead = f"cached in {found}" if found else "compiled at every start, not cached"
+        logging.getLogger(__name__).warning(
+            "NUMBA_CACHE_DIR=%s is not writable: compiled kernels are %s", wanted, instead
+        )
+    return found
 
 
 SEED_ENV = "HERALDPS_KERNEL_SEED"
