@@ -56,12 +56,13 @@ def cache_dir() -> str | None:
         candidates.append(Path(base) / "heraldps" / "numba")
     except (KeyError, RuntimeError):  # no home directory (e.g. a uid without a passwd entry)
         pass
-    candidates.append(Path(tempfile.gettempdir()) / f"heraldps-numba-{os.getuid()}")
+    with suppress(OSError):  # no usable temporary directory at all
+        candidates.append(Path(tempfile.gettempdir()) / f"heraldps-numba-{os.getuid()}")
     found = next((str(c) for c in candidates if _writable(c)), None)
     if wanted and found != wanted:
-        instead = f"cached in {found}" if found else "compiled at every start, not cached"
+        instead = f"compiled kernels go to {found}" if found else "kernels compile at every start"
         logging.getLogger(__name__).warning(
-            "NUMBA_CACHE_DIR=%s is not writable: compiled kernels are %s", wanted, instead
+            "NUMBA_CACHE_DIR=%s is not writable: %s", wanted, instead
         )
     return found
 
