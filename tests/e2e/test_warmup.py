@@ -35,7 +35,9 @@ def test_a_seeded_cache_loads_every_kernel_and_compiles_none(tmp_path: Path) -> 
     base = {k: v for k, v in os.environ.items() if k != jit.SEED_ENV}
     out = heraldps("warmup", env={**base, "NUMBA_CACHE_DIR": str(seed)})
     warmed = kernel_files(seed)
-    assert f"{len([f for f in warmed if f.endswith('.nbi')])} compiled kernels" in out, out
+    indexes = len([f for f in warmed if f.endswith(".nbi")])  # one per kernel
+    assert f"heraldps warmup: {indexes} kernels in {seed}" in out, out
+    assert f"{indexes} of them compiled now" in out, out
     read_only(seed)
     # NUMBA_DEBUG_CACHE: numba prints each kernel it loads from the cache, and each one it
     # saves there after compiling it (each local process into its log).
