@@ -1,7 +1,7 @@
 """``heraldps warmup`` compiles every kernel the roles use, and a warmed cache given as
 ``HERALDPS_KERNEL_SEED`` (read-only, as the container image has it) spares a fresh cache
-every compile: ``simulate`` and a ``local`` cluster in the modes with their own worker
-steps then compile nothing (docs/deployment.md#compiled-kernels)."""
+every compile: ``simulate`` and a ``local`` cluster in the modes with worker steps of their
+own then compile nothing (docs/deployment.md#compiled-kernels)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ def test_a_seeded_cache_loads_every_kernel_and_compiles_none(tmp_path: Path) -> 
     # saves there after compiling it (each local process into its log).
     env = {**base, "NUMBA_CACHE_DIR": str(cache), jit.SEED_ENV: str(seed), "NUMBA_DEBUG_CACHE": "1"}
     printed = heraldps("simulate", env=env)
-    heraldps("local", "--modes", "naive,herald_pipelined,het", "--iterations", "3",
+    # The pipelined and HET worker steps; the plain one (naive, herald) runs in every
+    # container of tests/deploy/test_compose_docker.py, which checks the same there.
+    heraldps("local", "--modes", "herald_pipelined,het", "--iterations", "3",
              "--workers", "2", "--workdir", str(run), env=env)  # fmt: skip
     logs = {p.name: p.read_text() for p in run.rglob("*.log")}
     assert {"ps-0.log", "scheduler.log", "worker-1.log"} <= set(logs), sorted(logs)
