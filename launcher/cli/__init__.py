@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from heraldps import __version__
 from heraldps.runtime import tune_malloc
-from launcher.cli import feed, health, keyset, local, ps, scheduler, simulate, worker
+from launcher.cli import feed, health, keyset, local, ps, scheduler, simulate, warmup, worker
 from launcher.cli.command import Command, HelpFormatter
 from launcher.cli.env_parser import EnvArgumentParser, mention_env
 
@@ -28,6 +28,7 @@ COMMANDS: tuple[Command, ...] = (
     simulate.COMMAND,
     keyset.COMMAND,
     health.COMMAND,
+    warmup.COMMAND,
 )
 
 

@@ -9,9 +9,11 @@ scrape jobs unchanged but a 1 s interval, and Grafana is left out (a profile nob
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
+import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +169,11 @@ class ComposeProject:
         assert done.returncode == 0, done.stderr
         return [line.removeprefix("/v/") for line in done.stdout.split()]
 
+    def kernel_cache(self, service: str) -> dict[str, bytes]:
+        """The numba cache of the service's container (running or exited), file by file:
+        the image's compiled kernels it copied at start, and whatever it compiled since."""
+        return _kernel_files(self.container(service), "/tmp/numba-cache")
+
     def down(self) -> None:
         subprocess.run(
             [*self.compose, "down", "-v", "--remove-orphans", "-t", "5"],
@@ -181,3 +188,27 @@ def project(override: Path) -> Iterator[ComposeProject]:
         yield compose
     finally:
         compose.down()
+
+
+def image_kernels() -> dict[str, bytes]:
+    """The compiled kernels the image carries (``HERALDPS_KERNEL_SEED``), file by file."""
+    created = subprocess.run(["docker", "create", IMAGE], capture_output=True, text=True,
+                             timeout=60, check=True).stdout.strip()  # fmt: skip
+    try:
+        return _kernel_files(created, "/opt/heraldps/kernels")
+    finally:
+        subprocess.run(["docker", "rm", created], capture_output=True, timeout=60)
+
+
+def _kernel_files(container: str, folder: str) -> dict[str, bytes]:
+    """``folder``'s numba files in ``container`` (``docker cp`` reads a stopped one too)."""
+    tar = subprocess.run(["docker", "cp", f"{container}:{folder}", "-"], capture_output=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        for member in archive.getmembers():
+            if member.isfile() and member.name.endswith((".nbi", ".nbc")):
+                extracted = archive.extractfile(member)
+                assert extracted is not None
+                files[member.name.split("/", 1)[1]] = extracted.read()
+    return files

@@ -9,6 +9,8 @@ compose cluster started by deploy/run-job.sh, the model checked against ``herald
 2. A run whose Staged shard is SIGKILLed fails with a non-zero exit (the scheduler aborts it),
    and the same command run again resumes from the newest checkpoint and ends with the same
    model.
+3. In both, no container compiles a numba kernel: each loads the ones the image compiled at
+   build time (docs/deployment.md#compiled-kernels).
 
 Skipped without a Docker engine (CI runs tools/docker_ready.sh first, so there it fails).
 """
@@ -33,6 +35,7 @@ from tests.deploy.docker import (
     build_image,
     ci_override,
     engine_or_skip,
+    image_kernels,
     project,
 )
 from tests.deploy.observability import dashboard_expressions, prometheus_api, scrape_targets
@@ -140,11 +143,23 @@ def clean_run(image: None, tmp_path: Path) -> Iterator[ComposeProject]:
 @pytest.fixture
 def faulty_run(image: None, tmp_path: Path) -> Iterator[ComposeProject]:
     # Checkpoints every 5 iterations, so the kill lands after one; a dead shard is noticed
-    # within --worker-timeout (60 s in the compose file; 30 s here to keep CI short). Not less:
-    # recreated containers start with an empty numba cache, and the resumed run's first
-    # iteration compiles the shards' and workers' kernels (10 s was once too short in CI).
-    env = {"HERALDPS_CHECKPOINT_EVERY": "5", "HERALDPS_WORKER_TIMEOUT": "30"}
+    # within --worker-timeout (60 s in the compose file; 15 s here to keep CI short). The
+    # recreated containers of the resumed run load their kernels from the image's compiled
+    # ones (checked below): with an empty numba cache, compiling them in the first iteration
+    # once took longer than 10 s in CI.
+    env = {"HERALDPS_CHECKPOINT_EVERY": "5", "HERALDPS_WORKER_TIMEOUT": "15"}
     yield from project(ci_override(tmp_path, {"scheduler": env}))
+
+
+def assert_nothing_compiled(compose: ComposeProject) -> None:
+    """Every heraldps container's numba cache holds the image's compiled kernels and nothing
+    else: no role compiled a kernel (a compile adds a file or rewrites an index)."""
+    shipped = image_kernels()
+    assert any(name.endswith(".nbi") for name in shipped), "the image carries no kernels"
+    for service in ("ps-0", "ps-1", "scheduler", "worker-0", "worker-1", "feed"):
+        cache = compose.kernel_cache(service)
+        compiled = sorted(n for n in cache if cache[n] != shipped.get(n))
+        assert not compiled, f"{service} compiled kernels: {compiled}"
 
 
 def test_compose_job_trains_what_local_trains(
@@ -157,6 +172,7 @@ def test_compose_job_trains_what_local_trains(
     assert "feed exited 0" in report and "worker-1 exited 0" in report, report
     assert "every iteration of /etc/heraldps/job.json committed" in clean_run.logs("feed")
     assert_local_model(*local_result)
+    assert_nothing_compiled(clean_run)
 
     # Prometheus, in the compose network, scraped every heraldps container by service name.
     assert moments, "iteration 20 was never seen committed"
@@ -201,3 +217,4 @@ def test_killed_shard_fails_the_run_and_the_rerun_resumes(
     resumed = faulty_run.logs("scheduler")
     assert "resumed from /snapshots/checkpoints/ckpt-" in resumed, resumed
     assert_local_model(*local_result)
+    assert_nothing_compiled(faulty_run)  # the recreated containers of the resumed run

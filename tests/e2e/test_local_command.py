@@ -142,21 +142,37 @@ def test_bad_configurations_fail_in_one_line_before_anything_starts(
     assert not workdir.exists()  # no process was started
 
 
+# Ctrl-C in a terminal reaches a launcher whose SIGINT is the default. A test run started in
+# the background of a script (`bash .ci/run &`) has SIGINT ignored (POSIX), and children inherit
+# that: Python then installs no KeyboardInterrupt handler, and the launcher never sees the
+# Ctrl-C. So the launcher starts with the default, as from a terminal.
+DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, sys.argv[1:])"
+)
+
+
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        heraldps_local("--modes", "herald", "--epochs", "200", "--workdir", str(tmp_path)),
+        [sys.executable, "-c", DEFAULT_SIGINT,
+         *heraldps_local("--modes", "herald", "--epochs", "200", "--workdir", str(tmp_path))],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    pid_file = tmp_path / "herald" / "worker-0.pid"
-    deadline = time.monotonic() + 120
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, output
-    assert "interrupted" in output
-    for pid_path in (tmp_path / "herald").glob("*.pid"):
-        pid = int(pid_path.read_text())
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    try:
+        pid_file = tmp_path / "herald" / "worker-0.pid"
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, output
+        assert "interrupted" in output
+        for pid_path in (tmp_path / "herald").glob("*.pid"):
+            pid = int(pid_path.read_text())
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:  # a failure leaves no 200-epoch cluster behind: its lifeline follows the launcher
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -14,12 +14,13 @@ from launcher.cli.env_parser import flag_actions, subcommands
 def test_every_flag_has_a_description_and_its_default(name: str) -> None:
     parser = subcommands(build_parser())[name]
     text = " ".join(parser.format_help().split())
-    for _, action in flag_actions(parser):
+    flags = list(flag_actions(parser))
+    for _, action in flags:
         flag = next(s for s in action.option_strings if s.startswith("--"))
         assert action.help and len(action.help.split("[env")[0].strip()) > 8, flag
         shown = parser._get_formatter()._get_help_string(action)  # what --help prints
         assert "(default: " in shown or action.required, flag
-    assert "(default: " in text
+    assert "(default: " in text or not flags  # `warmup` has no flags
 
 
 def test_the_top_level_help_lists_every_command_with_a_line() -> None:

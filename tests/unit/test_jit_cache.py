@@ -38,6 +38,19 @@ def test_the_cache_dir_follows_the_environment(
     assert jit.cache_dir() == str(tmp_path / "tmp" / f"heraldps-numba-{os.getuid()}")
 
 
+def test_an_unwritable_numba_cache_dir_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read-only root file system without a writable /tmp: numba would refuse to compile
+    into NUMBA_CACHE_DIR at all, so the next writable folder takes its place."""
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocked / "numba"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert jit.cache_dir() == str(tmp_path / "xdg" / "heraldps" / "numba")
+    assert f"NUMBA_CACHE_DIR={blocked / 'numba'} is not writable" in caplog.text
+
+
 def test_compiled_kernels_are_cached_in_the_user_cache_not_in_the_package(
     tmp_path: Path,
 ) -> None:
