@@ -96,7 +96,7 @@ def _data_and_plans(job: TrainingJob, cache_fraction: float = 0.1) -> TrainingJo
     """What ``local``, ``simulate`` and ``feed`` do before any process starts: check and
     scan the data, then plan all of it in every mode (``simulate``'s defaults, 8 workers
     of 128 samples; on the bundled sample the caches of 10% of its keys fill up and
-    compact their queues). Returns the job with the first pass's numbers, as ``local``
+    evict). Returns the job with the first pass's numbers, as ``local``
     hands it to its processes."""
     spec = job.data_spec()
     profile = first_pass(spec, what="warmup")
