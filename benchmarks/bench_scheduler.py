@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/bench_scheduler.py           # about 1-2 minutes on 2 cores
     python benchmarks/bench_scheduler.py --quick   # fewer batches
     python benchmarks/bench_scheduler.py --threads 1 --no-hint   # one core, no size hint
+    python benchmarks/bench_scheduler.py --threads 2   # the helper thread whatever the load
 
 Batches of W workers x B samples x 26 categorical fields, each field drawn from a
 Zipf(1)-like distribution (log-uniform rank: P(rank r) ~ 1/(r + 1)) over Criteo
@@ -37,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_service import mirror, scheduler
+from scheduler_service import split
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import STAGES, Scheduler
 
@@ -130,14 +131,14 @@ def verdict(r: dict[str, object]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer batches per shape")
-    parser.add_argument("--threads", type=int, choices=(1, 2), default=2,
-                        help="2: stages split over a helper thread; 1: one core")  # fmt: skip
+    parser.add_argument("--threads", choices=("auto", "1", "2"), default="auto",
+                        help="auto: a batch uses the helper thread when a core is idle (what "
+                             "the service does); 2: always; 1: one core")  # fmt: skip
     parser.add_argument("--no-hint", action="store_true",
                         help="do not tell the scheduler the run's distinct-key count")  # fmt: skip
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args()
-    if args.threads == 1:
-        scheduler.PARALLEL_PAIRS = mirror.PARALLEL_KEYS = scheduler.PARALLEL_KEYS = 2**62
+    split.FORCE_HELPER = {"auto": None, "1": False, "2": True}[args.threads]
     load_before = os.getloadavg()
     rows = [
         measure(w, b, quick if args.quick else full, not args.no_hint)

@@ -106,19 +106,20 @@ class CacheMirror:
 
     # ----- keys ----------------------------------------------------------------
     def local_ids(
-        self, keys: npt.NDArray[np.int64]
+        self, keys: npt.NDArray[np.int64], parallel: bool = True
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(local id of every key, the batch's distinct keys in first-occurrence order).
 
-        A big batch is numbered in two halves at once, then the second half's numbers
-        are joined to the first's (``kernels.merge_local_ids``)."""
+        A big batch is numbered in two halves at once (when ``parallel``: the helper
+        thread is idle), then the second half's numbers are joined to the first's
+        (``kernels.merge_local_ids``)."""
         n = keys.shape[0]
         lids = self.scratch("lids", n)
         self._gen += 1  # every scratch table's old entries now count as empty
         if self._gen == 2**31:  # generations wrap: clear the tables once
             self._local = [_empty_local(t.shape[0]) for t in self._local]
             self._gen = 1
-        if n < PARALLEL_KEYS:
+        if n < PARALLEL_KEYS or not parallel:
             return lids, self._number(0, keys, lids, 0)
         half = n // 2
         self._size_local(0)
@@ -168,20 +169,20 @@ class CacheMirror:
         return uniq
 
     def key_rows(
-        self, uniq: npt.NDArray[np.int64]
+        self, uniq: npt.NDArray[np.int64], parallel: bool = True
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
         """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``) of the
         batch's distinct keys, registering new keys (kids in first-occurrence order), and
         ``hold``, a compact copy of the HOLDERS column for the partition.
 
-        Looked up first (in pieces on two threads for a big batch, one compiled call
-        each); the keys not found are then inserted on this thread, the only one that
-        changes the index, each at the slot where its lookup ended."""
+        A big batch (when ``parallel``) is looked up first, in pieces on two threads (one
+        compiled call each); the keys not found are then inserted on this thread, the only
+        one that changes the index, each at the slot where its lookup ended."""
         nb = uniq.shape[0]
         fields = kernels.INFO_FIELDS
         info = self.scratch("info", fields * nb).view(np.uint64).reshape(nb, fields)
         hold = self.scratch("hold", nb).view(np.uint64)
-        if nb < PARALLEL_KEYS:  # one thread: register and look up in one pass each
+        if nb < PARALLEL_KEYS or not parallel:  # one thread: register, then look up
             added = np.zeros(nb, dtype=bool)
             kids = self.index.insert(uniq, added)
             self._register(kids[added], uniq[added])

@@ -32,7 +32,7 @@ from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
 from scheduler_service.mirror import PARALLEL_KEYS, PIECES, CacheMirror
-from scheduler_service.split import HELPER, run_pieces
+from scheduler_service.split import HELPER, helper_idle, run_pieces
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -74,10 +74,11 @@ class Partitioner(abc.ABC):
     @abc.abstractmethod
     def assign(
         self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64],
+        scratch: npt.NDArray[np.int64], parallel: bool,
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         """Worker of every sample (each worker gets exactly ``samples_per_worker``), and
-        the mini-batches; ``scratch``: len(hold) int64 of working space."""
+        the mini-batches; ``scratch``: len(hold) int64 of working space; ``parallel``:
+        the helper thread may take part."""
 
 
 PARTITION_CHUNKS = 8  # chunks of samples a big batch's partition is pipelined in
@@ -85,7 +86,7 @@ PARTITION_CHUNKS = 8  # chunks of samples a big batch's partition is pipelined i
 
 def _partition(
     batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
-    given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64],
+    given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64], parallel: bool,
 ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
     """``kernels.choose_chunk`` then ``kernels.mark_chunk`` per chunk of samples. A big
     batch is pipelined: this thread chooses chunk c + 1 while the helper marks chunk c.
@@ -101,7 +102,7 @@ def _partition(
     assign = np.empty(samples, np.int64)
     trainers = np.zeros(nb, np.uint64)
     held_bits = np.packbits(hold != 0, bitorder="little")  # bit lid: some worker holds it
-    pipelined = lids.shape[0] >= PARALLEL_KEYS and samples >= 2 * PARTITION_CHUNKS
+    pipelined = parallel and lids.shape[0] >= PARALLEL_KEYS and samples >= 2 * PARTITION_CHUNKS
     bounds = np.linspace(0, samples, PARTITION_CHUNKS + 1 if pipelined else 2).astype(int)
     chunks = list(itertools.pairwise(bounds.tolist()))
     lock = threading.Lock()
@@ -146,10 +147,10 @@ class SequentialPartitioner(Partitioner):
 
     def assign(
         self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64],
+        scratch: npt.NDArray[np.int64], parallel: bool,
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
         given = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
-        return _partition(batch, lids, hold, given, scratch)
+        return _partition(batch, lids, hold, given, scratch, parallel)
 
 
 class LocationAwarePartitioner(Partitioner):
@@ -157,9 +158,9 @@ class LocationAwarePartitioner(Partitioner):
 
     def assign(
         self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64],
+        scratch: npt.NDArray[np.int64], parallel: bool,
     ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-        return _partition(batch, lids, hold, np.empty(0, np.int64), scratch)
+        return _partition(batch, lids, hold, np.empty(0, np.int64), scratch, parallel)
 
 
 class SyncPlanner(abc.ABC):
@@ -289,12 +290,15 @@ class Scheduler:
         n = mirror.num_workers
         check_next_batch(batch, n, self.next_iteration)
         clock = _StageClock(self.stage_seconds)
-        lids, uniq = mirror.local_ids(batch.keys)
+        parallel = helper_idle()  # asked once per batch: is a core free for the helper?
+        lids, uniq = mirror.local_ids(batch.keys, parallel)
         clock.lap("local_ids")
-        info, hold = mirror.key_rows(uniq)
+        info, hold = mirror.key_rows(uniq, parallel)
         clock.lap("key_rows")
         scratch = mirror.scratch("partition", info.shape[0])
-        assignment, (wl_offsets, trainers) = self.partitioner.assign(batch, lids, hold, scratch)
+        assignment, (wl_offsets, trainers) = self.partitioner.assign(
+            batch, lids, hold, scratch, parallel
+        )
         clock.lap("partition")
         assign = assignment.workers
         mirror.samples_seen += batch.samples
@@ -308,10 +312,10 @@ class Scheduler:
         ops = mirror.scratch("ops", kernels.OP_FIELDS * info.shape[0]).view(np.uint64)
         ops = ops.reshape(-1, kernels.OP_FIELDS)
         prev_workers, prev_keys, now_workers, now_keys, inserts = _touch_keys(
-            mirror, info, trainers, ops, self.planner.on_demand
+            mirror, info, trainers, ops, self.planner.on_demand, parallel
         )
         clock.lap("touch_keys")
-        out, counts = _evict_and_list(mirror, wl_offsets, info, trainers, ops, inserts)
+        out, counts = _evict_and_list(mirror, wl_offsets, info, trainers, ops, inserts, parallel)
         clock.lap("evict_and_list")
         if counts[:, 4].any():  # dirty rows evicted now: written back by the previous plans
             starts, dirty_counts = wl_offsets[:-1].tolist(), counts[:, 4].tolist()
@@ -395,13 +399,13 @@ PARALLEL_PAIRS = 32_768  # below this many (key, worker) pairs, one thread is fa
 
 def _touch_keys(
     mirror: CacheMirror, info: npt.NDArray[np.uint64], trainers: npt.NDArray[np.uint64],
-    ops: npt.NDArray[np.uint64], on_demand: bool,
+    ops: npt.NDArray[np.uint64], on_demand: bool, parallel: bool,
 ) -> tuple[npt.NDArray[np.int64], ...]:  # fmt: skip
     """Stage 3 (``kernels.touch_keys``): the batch's keys, in pieces on two threads for a
     big batch (each key's record is its own). Returns (previous write-backs: workers,
     keys; this iteration's: workers, keys; keys each worker inserts)."""
     nb, n = info.shape[0], mirror.num_workers
-    pieces = 1 if nb < PARALLEL_KEYS else PIECES
+    pieces = PIECES if parallel and nb >= PARALLEL_KEYS else 1
     bounds = np.linspace(0, nb, pieces + 1).astype(int).tolist()
     inserts = np.zeros((pieces, n), np.int64)
     parts = run_pieces([
@@ -424,6 +428,7 @@ def _evict_and_list(
     trainers: npt.NDArray[np.uint64],
     ops: npt.NDArray[np.uint64],
     inserts: npt.NDArray[np.int64],
+    parallel: bool,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Stage 4 (``kernels.evict_and_list``) for every worker: on two threads, each with
     about half of the (key, worker) pairs, when the batch is big enough to pay for it.
@@ -439,7 +444,7 @@ def _evict_and_list(
         wl_offsets, info, trainers, ops, inserts, mirror.capacity, mirror.rings, mirror.heads,
         mirror.used, mirror.flat, mirror.key_of, out, counts, staging,
     )  # fmt: skip
-    if total < PARALLEL_PAIRS or n == 1:
+    if total < PARALLEL_PAIRS or n == 1 or not parallel:
         kernels.evict_and_list(0, n, *args)
     else:  # two groups of workers with about equal pairs (each reads every key)
         cut = int(np.clip(np.searchsorted(wl_offsets, total // 2), 1, n - 1))

@@ -2,9 +2,10 @@
 
 Each piece is one compiled kernel call that releases the GIL. The caller takes pieces
 from the front, the helper from the back; a piece the helper has not started by the time
-the caller runs out is the caller's. So on a busy machine, where the helper may not be
-scheduled for milliseconds, a batch never waits for it: the caller does the work alone,
-as fast as with one thread.
+the caller runs out is the caller's. A piece the helper has started is waited for, so on
+a busy machine, where the helper may be descheduled for milliseconds halfway through a
+piece, the helper costs more than it gives: a scheduler asks :func:`helper_idle` once per
+batch and plans a batch on one thread when no core is idle (``heraldps.cores``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,21 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from heraldps.cores import idle_cores
+
 T = TypeVar("T")
+
+FORCE_HELPER: bool | None = None
+"""Tests: True uses the helper whatever the load, False never; None asks the load."""
+
+
+def helper_idle() -> bool:
+    """Whether a batch should use the helper thread: a core is idle right now (or
+    :data:`FORCE_HELPER` says so)."""
+    if FORCE_HELPER is not None:
+        return FORCE_HELPER
+    return idle_cores() > 0
+
 
 HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-helper")
 """Shared by every scheduler of a process. Its tasks never wait on other tasks, so

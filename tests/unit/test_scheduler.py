@@ -13,6 +13,7 @@ from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.plan import CommPlan
 from scheduler_service import mirror as mirror_module
 from scheduler_service import scheduler as scheduler_module
+from scheduler_service import split as split_module
 from scheduler_service.batch import Batch
 from scheduler_service.reference import ReferenceScheduler
 from scheduler_service.scheduler import MODES, Scheduler
@@ -273,6 +274,7 @@ def test_two_threads_plan_exactly_as_the_reference(
     monkeypatch.setattr(scheduler_module, "PARALLEL_PAIRS", 1)
     monkeypatch.setattr(scheduler_module, "PARALLEL_KEYS", 1)
     monkeypatch.setattr(mirror_module, "PARALLEL_KEYS", 1)
+    monkeypatch.setattr(split_module, "FORCE_HELPER", True)  # whatever the machine's load
     batches = random_batches(4, 12, 20, 4, 5, 300)
     fast, ref = Scheduler(20, 30, mode), ReferenceScheduler.for_mode(20, 30, mode)
     for a, b in zip(run(fast, batches), run(ref, batches), strict=True):

@@ -52,3 +52,21 @@ def test_an_error_in_a_piece_reaches_the_caller() -> None:
         run_pieces([lambda: 1, lambda: 2, fail, lambda: 4])
     # The helper is still usable afterwards.
     assert run_pieces([lambda: 5, lambda: 6]) == [5, 6]
+
+
+def test_a_batch_uses_the_helper_only_when_a_core_is_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``helper_idle`` reads the running threads against the cores; tests and benchmarks
+    may force it either way."""
+    from heraldps import cores
+    from scheduler_service import split
+
+    assert 0 <= cores.idle_cores() <= cores.CORES
+    monkeypatch.setattr(cores, "CORES", 1)  # this thread alone fills one core
+    assert cores.idle_cores() == 0 and not split.helper_idle()
+    monkeypatch.setattr(split, "FORCE_HELPER", True)
+    assert split.helper_idle()
+    monkeypatch.setattr(split, "FORCE_HELPER", False)
+    monkeypatch.setattr(cores, "CORES", 64)
+    assert not split.helper_idle()
