@@ -1,0 +1,110 @@
+"""Big requests' loops split over the cores (``ps_server.parallel``), and the Staged
+table's pull, lookup and commit on batches big enough to be split."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from heraldps.optim import AdaGrad
+from heraldps.spec import TableSpec
+from ps_server import parallel
+from ps_server.parallel import MIN_PART, in_parts
+from ps_server.pull_response import PullResponseBuffer
+from ps_server.row_index import RowIndex
+from ps_server.store import StagedStore
+
+
+def test_parts_cover_every_position_once() -> None:
+    for n, parts in ((0, 4), (5, 4), (MIN_PART * 2 - 1, 4), (MIN_PART * 2, 2), (100_003, 4)):
+        seen = np.zeros(n, dtype=np.int64)
+        calls: list[tuple[int, int]] = []  # list.append is atomic
+
+        def work(lo: int, hi: int, seen: np.ndarray = seen, calls: list = calls) -> None:
+            seen[lo:hi] += 1
+            calls.append((lo, hi))
+
+        in_parts(n, work, parts)
+        assert (seen == 1).all()
+        expected = max(1, min(parts, n // MIN_PART))
+        assert len(calls) == expected
+        assert all(hi - lo >= MIN_PART for lo, hi in calls) or expected == 1
+
+
+def test_parts_run_on_other_threads_at_once() -> None:
+    if parallel.PARTS < 2:
+        pytest.skip("one core: nothing runs beside the caller")
+    both = threading.Barrier(2, timeout=10)
+    threads: set[int] = set()
+
+    def work(lo: int, hi: int) -> None:
+        threads.add(threading.get_ident())
+        both.wait()  # each part waits for the other: only parts running at once pass
+
+    in_parts(2 * MIN_PART, work, 2)
+    assert len(threads) == 2 and threading.get_ident() in threads
+
+
+def test_a_part_waiting_for_a_busy_helper_runs_on_the_caller() -> None:
+    if parallel.PARTS < 2:
+        pytest.skip("one core: there are no helpers")
+    release = threading.Event()
+    helpers = parallel._helpers()
+    busy = [helpers.submit(release.wait, 10) for _ in range(parallel.PARTS - 1)]
+    ran: list[int] = []
+    try:
+        in_parts(2 * MIN_PART, lambda lo, hi: ran.append(threading.get_ident()), 2)
+    finally:
+        release.set()
+    assert ran == [threading.get_ident()] * 2
+    assert all(future.result() for future in busy)
+
+
+def test_an_error_is_raised_after_every_part_is_done() -> None:
+    if parallel.PARTS < 2:
+        pytest.skip("one core: nothing runs beside the caller")
+    started, finished = threading.Event(), threading.Event()
+
+    def work(lo: int, hi: int) -> None:
+        if lo == 0:
+            assert started.wait(10)  # the other part is running, so it cannot be taken back
+            raise ValueError("first part failed")
+        started.set()
+        threading.Event().wait(0.2)
+        finished.set()
+
+    with pytest.raises(ValueError, match="first part failed"):
+        in_parts(2 * MIN_PART, work, 2)
+    assert finished.is_set()
+
+
+def test_big_lookup_pull_and_commit_equal_their_one_part_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch of 4 x MIN_PART keys, split and not: the same rows, answers and state."""
+    rng = np.random.default_rng(5)
+    present = rng.integers(-(2**62), 2**62, 6 * MIN_PART)
+    keys = np.concatenate([rng.choice(present, 3 * MIN_PART), rng.integers(0, 2**40, MIN_PART)])
+    grads = rng.standard_normal((keys.shape[0], 8)).astype(np.float32)
+
+    def run() -> tuple[np.ndarray, ...]:
+        index = RowIndex()
+        index.insert(present)
+        store = StagedStore()
+        table, _ = store.create_table(TableSpec("emb", 8, optimizer=AdaGrad(lr=0.1)))
+        table.pull(present, with_state=False)
+        buffer = PullResponseBuffer(keys.shape[0], 8, table.state_width)
+        table.pull_into(keys, buffer.values, buffer.versions, buffer.state)
+        store.push("emb", 0, keys, grads)
+        store.commit(0)
+        after = table.pull(keys, with_state=True)
+        return (index.lookup(keys), buffer.message, after.values, after.state, after.versions)
+
+    split = run()
+    monkeypatch.setattr(parallel, "PARTS", 1)
+    whole = run()
+    for a, b in zip(split, whole, strict=True):
+        assert (a == b) if isinstance(a, bytes) else np.array_equal(a, b)
+    assert (split[4] > 0).sum() >= 3 * MIN_PART  # the commit reached the pulled rows
