@@ -51,11 +51,11 @@ def one_part() -> Iterator[None]:
     """Kernels on the calling thread only, as before ``ps_server.parallel``."""
     from ps_server import parallel
 
-    saved, parallel.PARTS = parallel.PARTS, 1
+    saved, parallel.THREADS = parallel.THREADS, 1
     try:
         yield
     finally:
-        parallel.PARTS = saved
+        parallel.THREADS = saved
 
 
 def steps(rows: int, dim: int, optimizer: str) -> dict[str, Callable[[int], object]]:

@@ -1,29 +1,34 @@
-"""A big request's compiled loops, split over the machine's cores.
+"""A big request's compiled loops, shared out over the machine's cores.
 
 A pull or a commit of 65,536 keys spends most of its time waiting on memory:
 random reads of index slots and row records, a few hundred MiB to GBs apart.
 One core keeps only so many of those reads in flight, and while a shard
 gathers a pull's answer, the client that asked for it is idle, waiting. So a
-loop over many keys (lookup, gather, scatter) is cut into one part per core,
-run at once: the calling thread runs one part, helper threads the others
+loop over many keys (lookup, gather, scatter) is cut into chunks that the
+calling thread and helper threads take one at a time until none is left
 (docs/figures.md, "The PS at 50M rows").
 
-Only for compiled loops that release the GIL (``nogil=True``) and whose parts
+Chunks, not one part per thread: on a busy machine a helper may be descheduled
+in the middle of its work, and the caller then waits for at most the one chunk
+that helper holds, not for half the request; a helper that has not started by
+the time the chunks run out is simply not waited for.
+
+Only for compiled loops that release the GIL (``nogil=True``) and whose chunks
 write disjoint outputs; the caller holds whatever lock guards the arrays for
-the whole call, and nothing may move them (a grow) while parts run. A part
-still waiting for a helper when the caller is done with its own is taken back
-and run by the caller, so busy helpers never make a request wait for others.
+the whole call, and nothing may move them (a grow) while chunks run.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-MIN_PART = 8192  # keys: a smaller part costs more to hand over (~50 us) than it saves
-MAX_PARTS = 4
+MIN_CHUNK = 4096  # keys: handing out a chunk costs a few microseconds of Python
+CHUNKS_PER_THREAD = 4
+MAX_THREADS = 4
 
 
 def _cores() -> int:
@@ -33,7 +38,7 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-PARTS = max(1, min(_cores(), MAX_PARTS))
+THREADS = max(1, min(_cores(), MAX_THREADS))  # the caller and THREADS - 1 helpers
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -44,7 +49,7 @@ def _helpers() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(PARTS - 1, thread_name_prefix="ps-kernel")
+            _pool = ThreadPoolExecutor(THREADS - 1, thread_name_prefix="ps-kernel")
             os.register_at_fork(after_in_child=_forget_pool)
         return _pool
 
@@ -54,33 +59,41 @@ def _forget_pool() -> None:
     _pool = None
 
 
-def in_parts(n: int, work: Callable[[int, int], object], parts: int | None = None) -> None:
-    """``work(lo, hi)`` over ``0..n`` cut into up to ``parts`` (default: one per core,
-    at most ``MAX_PARTS``) parts of at least ``MIN_PART``, run at once; returns when
-    every part is done, raising the first error."""
-    count = min(PARTS if parts is None else parts, n // MIN_PART)
-    if count <= 1:
+class _Chunks:
+    """``work`` over ``0..n`` in ``count`` chunks, taken one at a time by whoever asks."""
+
+    def __init__(self, n: int, count: int, work: Callable[[int, int], object]) -> None:
+        self.bounds = [n * i // count for i in range(count + 1)]
+        self.work = work
+        self._next = itertools.count()  # next() is atomic under the GIL
+        self.error: BaseException | None = None
+
+    def take_all(self) -> None:
+        """Run chunks until none is left (or one has failed)."""
+        while self.error is None:
+            i = next(self._next)
+            if i >= len(self.bounds) - 1:
+                return
+            try:
+                self.work(self.bounds[i], self.bounds[i + 1])
+            except BaseException as exc:
+                self.error = self.error or exc
+
+
+def in_parts(n: int, work: Callable[[int, int], object], threads: int | None = None) -> None:
+    """``work(lo, hi)`` over every range of a cut of ``0..n``, run by the caller and up
+    to ``threads - 1`` helpers at once (default: one thread per core, at most
+    ``MAX_THREADS``); returns when every range is done, raising the first error."""
+    threads = min(THREADS if threads is None else threads, n // MIN_CHUNK)
+    if threads <= 1:
         work(0, n)
         return
-    bounds = [n * i // count for i in range(count + 1)]
+    chunks = _Chunks(n, min(threads * CHUNKS_PER_THREAD, n // MIN_CHUNK), work)
     pool = _helpers()
-    started: list[Future[object]] = [
-        pool.submit(work, bounds[i], bounds[i + 1]) for i in range(1, count)
-    ]
-    error: BaseException | None = None
-    try:
-        work(bounds[0], bounds[1])
-    except BaseException as exc:  # wait for the others first: they use the same arrays
-        error = exc
-    for i, future in enumerate(started, start=1):
-        if future.cancel():  # still queued behind other requests' parts
-            if error is None:
-                try:
-                    work(bounds[i], bounds[i + 1])  # run it here instead of waiting
-                except BaseException as exc:
-                    error = exc
-            continue
-        failed = future.exception()  # waits for the part, even after an error
-        error = error or failed
-    if error is not None:
-        raise error
+    helping: list[Future[None]] = [pool.submit(chunks.take_all) for _ in range(threads - 1)]
+    chunks.take_all()
+    for helper in helping:
+        if not helper.cancel():  # not started yet: there is nothing left for it
+            helper.result()  # running: it finishes the chunk it holds
+    if chunks.error is not None:
+        raise chunks.error

@@ -11,14 +11,14 @@ import pytest
 from heraldps.optim import AdaGrad
 from heraldps.spec import TableSpec
 from ps_server import parallel
-from ps_server.parallel import MIN_PART, in_parts
+from ps_server.parallel import CHUNKS_PER_THREAD, MIN_CHUNK, in_parts
 from ps_server.pull_response import PullResponseBuffer
 from ps_server.row_index import RowIndex
 from ps_server.store import StagedStore
 
 
 def test_parts_cover_every_position_once() -> None:
-    for n, parts in ((0, 4), (5, 4), (MIN_PART * 2 - 1, 4), (MIN_PART * 2, 2), (100_003, 4)):
+    for n, threads in ((0, 4), (5, 4), (MIN_CHUNK * 2 - 1, 4), (MIN_CHUNK * 2, 2), (100_003, 4)):
         seen = np.zeros(n, dtype=np.int64)
         calls: list[tuple[int, int]] = []  # list.append is atomic
 
@@ -26,15 +26,16 @@ def test_parts_cover_every_position_once() -> None:
             seen[lo:hi] += 1
             calls.append((lo, hi))
 
-        in_parts(n, work, parts)
+        in_parts(n, work, threads)
         assert (seen == 1).all()
-        expected = max(1, min(parts, n // MIN_PART))
+        used = min(threads, n // MIN_CHUNK)
+        expected = min(used * CHUNKS_PER_THREAD, n // MIN_CHUNK) if used > 1 else 1
         assert len(calls) == expected
-        assert all(hi - lo >= MIN_PART for lo, hi in calls) or expected == 1
+        assert all(hi - lo >= MIN_CHUNK for lo, hi in calls) or expected == 1
 
 
 def test_parts_run_on_other_threads_at_once() -> None:
-    if parallel.PARTS < 2:
+    if parallel.THREADS < 2:
         pytest.skip("one core: nothing runs beside the caller")
     both = threading.Barrier(2, timeout=10)
     threads: set[int] = set()
@@ -43,27 +44,27 @@ def test_parts_run_on_other_threads_at_once() -> None:
         threads.add(threading.get_ident())
         both.wait()  # each part waits for the other: only parts running at once pass
 
-    in_parts(2 * MIN_PART, work, 2)
+    in_parts(2 * MIN_CHUNK, work, 2)
     assert len(threads) == 2 and threading.get_ident() in threads
 
 
-def test_a_part_waiting_for_a_busy_helper_runs_on_the_caller() -> None:
-    if parallel.PARTS < 2:
+def test_the_caller_does_every_chunk_while_the_helpers_are_busy() -> None:
+    if parallel.THREADS < 2:
         pytest.skip("one core: there are no helpers")
     release = threading.Event()
     helpers = parallel._helpers()
-    busy = [helpers.submit(release.wait, 10) for _ in range(parallel.PARTS - 1)]
+    busy = [helpers.submit(release.wait, 10) for _ in range(parallel.THREADS - 1)]
     ran: list[int] = []
     try:
-        in_parts(2 * MIN_PART, lambda lo, hi: ran.append(threading.get_ident()), 2)
+        in_parts(8 * MIN_CHUNK, lambda lo, hi: ran.append(threading.get_ident()), 2)
     finally:
         release.set()
-    assert ran == [threading.get_ident()] * 2
+    assert ran == [threading.get_ident()] * (2 * CHUNKS_PER_THREAD)
     assert all(future.result() for future in busy)
 
 
 def test_an_error_is_raised_after_every_part_is_done() -> None:
-    if parallel.PARTS < 2:
+    if parallel.THREADS < 2:
         pytest.skip("one core: nothing runs beside the caller")
     started, finished = threading.Event(), threading.Event()
 
@@ -76,17 +77,17 @@ def test_an_error_is_raised_after_every_part_is_done() -> None:
         finished.set()
 
     with pytest.raises(ValueError, match="first part failed"):
-        in_parts(2 * MIN_PART, work, 2)
+        in_parts(2 * MIN_CHUNK, work, 2)
     assert finished.is_set()
 
 
-def test_big_lookup_pull_and_commit_equal_their_one_part_results(
+def test_big_lookup_pull_and_commit_equal_their_one_thread_results(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A batch of 4 x MIN_PART keys, split and not: the same rows, answers and state."""
+    """A batch of 4 x MIN_CHUNK keys, split and not: the same rows, answers and state."""
     rng = np.random.default_rng(5)
-    present = rng.integers(-(2**62), 2**62, 6 * MIN_PART)
-    keys = np.concatenate([rng.choice(present, 3 * MIN_PART), rng.integers(0, 2**40, MIN_PART)])
+    present = rng.integers(-(2**62), 2**62, 6 * MIN_CHUNK)
+    keys = np.concatenate([rng.choice(present, 3 * MIN_CHUNK), rng.integers(0, 2**40, MIN_CHUNK)])
     grads = rng.standard_normal((keys.shape[0], 8)).astype(np.float32)
 
     def run() -> tuple[np.ndarray, ...]:
@@ -103,8 +104,8 @@ def test_big_lookup_pull_and_commit_equal_their_one_part_results(
         return (index.lookup(keys), buffer.message, after.values, after.state, after.versions)
 
     split = run()
-    monkeypatch.setattr(parallel, "PARTS", 1)
+    monkeypatch.setattr(parallel, "THREADS", 1)
     whole = run()
     for a, b in zip(split, whole, strict=True):
         assert (a == b) if isinstance(a, bytes) else np.array_equal(a, b)
-    assert (split[4] > 0).sum() >= 3 * MIN_PART  # the commit reached the pulled rows
+    assert (split[4] > 0).sum() >= 3 * MIN_CHUNK  # the commit reached the pulled rows
