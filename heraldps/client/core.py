@@ -37,12 +37,6 @@ from heraldps.v1 import ps_pb2, ps_pb2_grpc
 
 # Leave room for protobuf framing inside the message limit.
 _MESSAGE_FILL = 0.9
-# A shard's answer to a big pull comes in PULL_PIECES requests sent at once (pieces of
-# at least PULL_PIECE_BYTES): the shard gathers one piece while an earlier one is on the
-# wire, and the client puts one in place while the next arrives, instead of each step
-# waiting for the whole answer (docs/figures.md, "PS pull and push").
-PULL_PIECES = 4
-PULL_PIECE_BYTES = 2**20
 _PULL_FIELDS = ps_pb2.PullResponse.DESCRIPTOR.fields_by_name
 _VALUES, _VERSIONS, _STATE = (_PULL_FIELDS[f].number for f in ("values", "versions", "state"))
 
@@ -137,21 +131,10 @@ class ShardClient:
             self._widths[table] = (info.spec.dim, info.state_width)
         return self._widths[table]
 
-    def _requests(
-        self, keys: npt.NDArray[np.int64], row_bytes: int, pieces: int = 1
-    ) -> list[tuple[int, Index]]:
-        """(shard, index into ``keys``) of each request, each under the message limit;
-        ``pieces``: cut each shard's part into that many (of ``PULL_PIECE_BYTES`` at least)."""
-        row_bytes = max(row_bytes, 1)
-        per_request = max(1, int(self._message_limit() * _MESSAGE_FILL) // row_bytes)
-        piece_keys = max(1, PULL_PIECE_BYTES // row_bytes)
-        return plan_requests(keys, self.num_shards, per_request, pieces, piece_keys)
-
-    def pull_requests(
-        self, keys: npt.NDArray[np.int64], dim: int, state_width: int = 0
-    ) -> list[tuple[int, Index]]:
-        """(shard, index into ``keys``) of each Pull request a pull of ``keys`` sends."""
-        return self._requests(keys, 8 + 4 * (dim + state_width), PULL_PIECES)
+    def _requests(self, keys: npt.NDArray[np.int64], row_bytes: int) -> list[tuple[int, Index]]:
+        """(shard, index into ``keys``) of each request, each under the message limit."""
+        per_request = max(1, int(self._message_limit() * _MESSAGE_FILL) // max(row_bytes, 1))
+        return plan_requests(keys, self.num_shards, per_request)
 
     # ----- pull -------------------------------------------------------------
     def pull(
@@ -185,7 +168,7 @@ class ShardClient:
         n = keys.shape[0]
         dim, state_width = self._widths_of(table)
         sw = state_width if with_state else 0
-        requests = self.pull_requests(keys, dim, sw)
+        requests = self._requests(keys, 8 + 4 * (dim + sw))
         values = np.empty((n, dim), dtype=np.float32)
         versions = np.empty(n, dtype=np.int64)
         state = np.empty((n, sw), dtype=np.float32)

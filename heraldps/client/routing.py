@@ -18,25 +18,17 @@ Index = npt.NDArray[np.intp] | slice
 
 
 def plan_requests(
-    keys: npt.NDArray[np.int64],
-    num_shards: int,
-    per_request: int,
-    pieces: int = 1,
-    piece_keys: int = 0,
+    keys: npt.NDArray[np.int64], num_shards: int, per_request: int
 ) -> list[tuple[int, Index]]:
-    """(shard, index) of each request, at most ``per_request`` keys each.
+    """(shard, index) of each request, at most ``per_request`` keys each; a shard's part
+    that needs several requests is cut into equal ones (sizes differ by at most one key).
 
-    Each shard's part is cut into equal requests (sizes differ by at most one key):
-    as few as ``per_request`` allows, but at least ``pieces`` when the part holds
-    ``pieces x piece_keys`` keys or more (fewer, of ``piece_keys`` each, when it holds
-    less). With one shard the index is a slice, so requests and results are plain
+    With one shard the index is a slice, so requests and results are plain
     contiguous copies instead of gathers and scatters.
     """
 
     def cut(n: int) -> list[slice]:
         count = -(-n // max(per_request, 1))
-        if piece_keys > 0:
-            count = max(count, min(pieces, n // piece_keys))
         bounds = [n * i // count for i in range(count + 1)] if count else []
         return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 

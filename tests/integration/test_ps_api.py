@@ -421,7 +421,7 @@ def test_graceful_stop_reports_not_serving_and_finishes_in_flight(cluster: Clust
     def big_pull() -> None:
         result["values"] = ps.pull("emb", np.arange(400_000))[0]
 
-    parts = len(ps.pull_requests(np.arange(400_000), 64))
+    parts = len(ps._requests(np.arange(400_000), 8 + 4 * 64))
     puller = threading.Thread(target=big_pull)
     puller.start()
     deadline = time.monotonic() + 10

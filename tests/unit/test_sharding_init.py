@@ -39,27 +39,18 @@ def test_split_by_shard_reassembles_in_caller_order() -> None:
 @pytest.mark.parametrize("shards", [1, 3])
 def test_requests_cut_each_shard_part_into_equal_pieces(shards: int) -> None:
     keys = np.random.default_rng(4).integers(-(2**62), 2**62, 10_001)
-    for per_request, pieces, piece_keys in (
-        (4000, 1, 0),
-        (10_001, 4, 1000),
-        (700, 4, 10),
-        (10**6, 4, 2000),
-    ):
-        plan = plan_requests(keys, shards, per_request, pieces, piece_keys)
+    for per_request in (700, 4000, 10**6):
+        plan = plan_requests(keys, shards, per_request)
         covered = np.zeros(keys.shape[0], dtype=np.int64)
         for shard in range(shards):
             sizes = [count(index, keys.shape[0]) for s, index in plan if s == shard]
-            total = sum(sizes)
             assert max(sizes) <= per_request and max(sizes) - min(sizes) <= 1
-            least = -(-total // per_request)
-            if piece_keys:  # at least `pieces`, of piece_keys or more each
-                least = max(least, min(pieces, total // piece_keys))
-            assert len(sizes) == max(least, 1)
+            assert len(sizes) == -(-sum(sizes) // per_request)
         for shard, index in plan:
             covered[index] += 1
             assert np.all(shard_of(keys[index], shards) == shard)
         assert (covered == 1).all()
-    assert plan_requests(keys[:0], 1, 10, 4, 1) == []
+    assert plan_requests(keys[:0], 1, 10) == []
 
 
 @pytest.mark.parametrize("init", [Normal(std=0.5, seed=3), Uniform(-1, 2, seed=9), Zeros()])
