@@ -21,8 +21,8 @@ through the shard), then, with every row present:
   after filling minus before, over N, against the ideal (dim 16 AdaGrad: 144
   bytes = values 64 + state 64 + version 8 + key 8); its peak RSS (``VmHWM``)
   the same way shows what growing cost;
-- pull: 65,536 distinct keys drawn at random from all N rows, through
-  ``PSClient``, alternating call by call with a raw gRPC echo of the same
+- pull: 65,536 distinct keys drawn at random from all N rows (a new draw for
+  every call), through ``PSClient``, alternating call by call with a raw gRPC echo of the same
   bytes (a prebuilt answer of 65,536 x (dim x 4 + 8) bytes, as in
   ``bench_ps.py``): median rows/s of each and their ratio;
 - commit: push of 65,536 random present keys' gradients to iteration t, then
@@ -77,6 +77,7 @@ DEFAULT_OUTPUT = ROOT / "benchmarks" / "results" / "bench_ps_scale.json"
 BATCH = 65_536
 FILL_BATCH = 524_288
 BULK_FILL_BATCH = 1_048_576
+WARMUP_ROUNDS = 3
 TABLE = "scale"
 ECHO_METHOD = "/heraldps.bench.Echo/Pull"
 MAX_MESSAGE_MB = 64
@@ -109,6 +110,22 @@ def rss(pid: int) -> tuple[int, int]:
         name, _, value = line.partition(":")
         fields[name] = value
     return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+
+
+def huge_pages(pid: int, least: int = 64 * 2**20) -> tuple[int, int]:
+    """(resident bytes, of which on transparent huge pages) of process ``pid``'s mappings of
+    ``least`` bytes or more: the table's records and index (``/proc/<pid>/smaps``)."""
+    resident = huge = 0
+    size = 0
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == "Size":
+            size = int(value.split()[0]) * 1024
+        elif name == "Rss" and size >= least:
+            resident += int(value.split()[0]) * 1024
+        elif name == "AnonHugePages" and size >= least:
+            huge += int(value.split()[0]) * 1024
+    return resident, huge
 
 
 @contextlib.contextmanager
@@ -327,25 +344,28 @@ def measure_size(
             seconds = fill(client, rows, store, dim, optimizer)
         time.sleep(3)
         after, peak = rss(pid)
+        big_resident, big_huge = huge_pages(pid)
         accounted = client.describe_table(TABLE).bytes
         channel = stack.enter_context(
             grpc.insecure_channel(echo, options=channel_options(MAX_MESSAGE_MB * 2**20))
         )
         echo_call = channel.unary_unary(ECHO_METHOD)
-        key_sets = [random_present(rows, rng) for _ in range(8)]
+        # A fresh draw for every pull: a Cached shard's cache then holds what it would
+        # for random keys (a few sets in turn would all sit in its cache after one round).
+        key_sets = [random_present(rows, rng) for _ in range(rounds + WARMUP_ROUNDS)]
         requests = [k.tobytes() for k in key_sets]
         turn = [0]
 
         def pull() -> None:
             turn[0] += 1
-            values, _ = client.pull(TABLE, key_sets[turn[0] % 8])
+            values, _ = client.pull(TABLE, key_sets[turn[0] % len(key_sets)])
             assert values.shape == (BATCH, dim)
 
         def echo_pull() -> None:
-            answer = echo_call(requests[turn[0] % 8], timeout=60)
+            answer = echo_call(requests[turn[0] % len(requests)], timeout=60)
             assert len(answer) == response_bytes(dim)
 
-        timed = measure_alternating({"pull": pull, "echo": echo_pull}, rounds, warmup=3)
+        timed = measure_alternating({"pull": pull, "echo": echo_pull}, rounds, WARMUP_ROUNDS)
         grads = rng.standard_normal((BATCH, dim), dtype=np.float32) * 1e-3
         base = client.committed_iteration() + 1
         commits = []
@@ -364,6 +384,7 @@ def measure_size(
         rows, store, dim, args.optimizer, expected_rows, seconds, before, after, peak,
         (after - before) / rows, (peak - before) / rows, accounted / rows,
         timed["pull"], timed["echo"], commits[2:], disk,
+        {"big_mappings_resident": big_resident, "big_mappings_huge_pages": big_huge},
     )  # fmt: skip
 
 
@@ -400,6 +421,12 @@ def markdown(results: list[SizeResult], load: str) -> str:
             f"- {r.rows:,} rows: pull {spread(r.pull_seconds)}; echo {spread(r.echo_seconds)}; "
             f"push + commit {spread(r.commit_seconds)}"
         ]
+    lines += ["", "The shard's mappings of 64 MiB or more (table records, index) after filling:"]
+    for r in results:
+        resident = r.extra.get("big_mappings_resident", 0)
+        huge = r.extra.get("big_mappings_huge_pages", 0)
+        share = f" ({huge / resident:.0%} on huge pages)" if resident else ""
+        lines.append(f"- {r.rows:,} rows: {resident / 2**20:,.0f} MiB resident{share}")
     lines += [
         "",
         f"Table: dim {first.dim}, {first.optimizer}; ideal row {first.ideal} bytes (values, "
