@@ -38,10 +38,29 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-THREADS = max(1, min(_cores(), MAX_THREADS))  # the caller and THREADS - 1 helpers
+def default_threads() -> int:
+    """One thread per core, at most ``MAX_THREADS``."""
+    return max(1, min(_cores(), MAX_THREADS))
+
+
+THREADS = default_threads()  # the caller and THREADS - 1 helpers
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+
+
+def configure(threads: int) -> None:
+    """Threads a request's loops use from now on (``--kernel-threads``; 0: one per core,
+    at most ``MAX_THREADS``; 1: the handler's thread only)."""
+    global THREADS, _pool
+    if threads < 0:
+        raise ValueError(f"--kernel-threads must be >= 0, got {threads}")
+    with _pool_lock:
+        wanted = threads or default_threads()
+        if wanted != THREADS and _pool is not None:  # sized for the old count
+            _pool.shutdown(wait=False)  # chunks already handed to it still run
+            _pool = None
+        THREADS = wanted
 
 
 def _helpers() -> ThreadPoolExecutor:
@@ -89,8 +108,12 @@ def in_parts(n: int, work: Callable[[int, int], object], threads: int | None = N
         work(0, n)
         return
     chunks = _Chunks(n, min(threads * CHUNKS_PER_THREAD, n // MIN_CHUNK), work)
-    pool = _helpers()
-    helping: list[Future[None]] = [pool.submit(chunks.take_all) for _ in range(threads - 1)]
+    helping: list[Future[None]] = []
+    try:
+        pool = _helpers()
+        helping += [pool.submit(chunks.take_all) for _ in range(threads - 1)]
+    except RuntimeError:  # the pool was just replaced (configure): the caller does the rest
+        pass
     chunks.take_all()
     for helper in helping:
         if not helper.cancel():  # not started yet: there is nothing left for it

@@ -109,3 +109,20 @@ def test_big_lookup_pull_and_commit_equal_their_one_thread_results(
     for a, b in zip(split, whole, strict=True):
         assert (a == b) if isinstance(a, bytes) else np.array_equal(a, b)
     assert (split[4] > 0).sum() >= 3 * MIN_CHUNK  # the commit reached the pulled rows
+
+
+def test_kernel_threads_flag_sets_the_threads_and_refuses_negative() -> None:
+    from ps_server.server import PSConfig
+
+    with pytest.raises(ValueError, match="--kernel-threads must be >= 0"):
+        PSConfig(kernel_threads=-1)
+    try:
+        parallel.configure(1)
+        assert parallel.THREADS == 1
+        seen: set[int] = set()
+        in_parts(8 * MIN_CHUNK, lambda lo, hi: seen.add(threading.get_ident()))
+        assert seen == {threading.get_ident()}
+        parallel.configure(0)
+        assert parallel.default_threads() == parallel.THREADS
+    finally:
+        parallel.configure(0)
