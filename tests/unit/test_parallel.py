@@ -81,10 +81,33 @@ def test_an_error_is_raised_after_every_part_is_done() -> None:
     assert finished.is_set()
 
 
+def test_helpers_are_asked_for_only_while_cores_are_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert 0 <= parallel.idle_cores() < parallel.CORES  # this thread is running
+    if parallel.THREADS < 2:
+        pytest.skip("one core: there are no helpers")
+    caller = threading.get_ident()
+    seen: set[int] = set()
+    monkeypatch.setattr(parallel, "idle_cores", lambda: 0)  # every core busy: no helper
+    in_parts(16 * MIN_CHUNK, lambda lo, hi: seen.add(threading.get_ident()))
+    assert seen == {caller}
+    monkeypatch.setattr(parallel, "idle_cores", lambda: 1)
+    both = threading.Barrier(2, timeout=10)
+
+    def work(lo: int, hi: int) -> None:
+        if threading.get_ident() not in seen:  # each thread's first chunk waits for the other
+            seen.add(threading.get_ident())
+            both.wait()
+
+    seen.clear()
+    in_parts(16 * MIN_CHUNK, work)
+    assert len(seen) == 2 and caller in seen
+
+
 def test_big_lookup_pull_and_commit_equal_their_one_thread_results(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A batch of 4 x MIN_CHUNK keys, split and not: the same rows, answers and state."""
+    monkeypatch.setattr(parallel, "idle_cores", lambda: parallel.CORES)  # split, whatever the load
     rng = np.random.default_rng(5)
     present = rng.integers(-(2**62), 2**62, 6 * MIN_CHUNK)
     keys = np.concatenate([rng.choice(present, 3 * MIN_CHUNK), rng.integers(0, 2**40, MIN_CHUNK)])
