@@ -5,25 +5,29 @@ of free memory for a Staged shard: 9 GB at 50M rows)::
 
     python benchmarks/bench_ps_scale.py                          # 1M and 10M rows
     python benchmarks/bench_ps_scale.py --rows 1000000 10000000 50000000
-    python benchmarks/bench_ps_scale.py --store cached --rows 1000000 4000000
+    python benchmarks/bench_ps_scale.py --store cached --rows 1000000 50000000
     python benchmarks/bench_ps_scale.py --expected-rows          # tables sized up front
+    python benchmarks/bench_ps_scale.py --rows 1000000 50000000 --dim 64 --optimizer sgd
 
 For each size N, a fresh shard is started with the real CLI (``python -m
 launcher ps``) in its own process, with one table (``--dim``, default 16;
-``--optimizer``, default AdaGrad) after a tiny warm-up table. The
-client creates N rows (Staged: pulls of 524,288 new keys; Cached: push and
-commit of them, so every row is in LMDB), then, with every row present:
+``--optimizer``, default AdaGrad) after a tiny warm-up table. N rows are
+created (Staged: the client pulls 524,288 new keys at a time; Cached: by
+default written into the shard's LMDB in key order before it starts,
+``bulk_fill_cached``, or with ``--cached-fill commits`` pushed and committed
+through the shard), then, with every row present:
 
-- resident bytes per row: the shard's RSS after filling minus before, over N,
-  against the ideal (dim 16 AdaGrad: 144 bytes = values 64 + state 64 +
-  version 8 + key 8); its peak RSS (``VmHWM``) the same way shows what growing cost;
-- pull: 65,536 distinct keys drawn at random from all N rows, through
-  ``PSClient``, alternating call by call with a raw gRPC echo of the same
+- resident bytes per row (Staged, and Cached filled by commits): the shard's RSS
+  after filling minus before, over N, against the ideal (dim 16 AdaGrad: 144
+  bytes = values 64 + state 64 + version 8 + key 8); its peak RSS (``VmHWM``)
+  the same way shows what growing cost;
+- pull: 65,536 distinct keys drawn at random from all N rows (a new draw for
+  every call), through ``PSClient``, alternating call by call with a raw gRPC echo of the same
   bytes (a prebuilt answer of 65,536 x (dim x 4 + 8) bytes, as in
   ``bench_ps.py``): median rows/s of each and their ratio;
 - commit: push of 65,536 random present keys' gradients to iteration t, then
   commit(t): median rows/s;
-- Cached only: the LMDB files' size on disk per row.
+- Cached only: the LMDB files' size on disk per row, after the commits.
 
 Keys are ``splitmix64(i)`` for i < N (distinct, spread like hashed features),
 so the client holds no key list. Rates are medians over ``--rounds`` rounds
@@ -44,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,6 +76,8 @@ from bench_ps import (  # noqa: E402  (after the path: run as a script)
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "results" / "bench_ps_scale.json"
 BATCH = 65_536
 FILL_BATCH = 524_288
+BULK_FILL_BATCH = 1_048_576
+WARMUP_ROUNDS = 3
 TABLE = "scale"
 ECHO_METHOD = "/heraldps.bench.Echo/Pull"
 MAX_MESSAGE_MB = 64
@@ -106,9 +112,28 @@ def rss(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
 
 
+def huge_pages(pid: int, least: int = 64 * 2**20) -> tuple[int, int]:
+    """(resident bytes, of which on transparent huge pages) of process ``pid``'s mappings of
+    ``least`` bytes or more: the table's records and index (``/proc/<pid>/smaps``)."""
+    resident = huge = 0
+    size = 0
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == "Size":
+            size = int(value.split()[0]) * 1024
+        elif name == "Rss" and size >= least:
+            resident += int(value.split()[0]) * 1024
+        elif name == "AnonHugePages" and size >= least:
+            huge += int(value.split()[0]) * 1024
+    return resident, huge
+
+
 @contextlib.contextmanager
-def shard(workdir: Path, store: str, expected_rows: int) -> Iterator[tuple[str, int]]:
-    """A fresh PS shard started with the CLI; yields (address, pid)."""
+def shard(
+    workdir: Path, store: str, expected_rows: int, prepare: Callable[[Path], None] | None = None
+) -> Iterator[tuple[str, int]]:
+    """A fresh PS shard started with the CLI; yields (address, pid). ``prepare``: called
+    with a Cached shard's (emptied) data directory before the shard starts."""
     port_file = workdir / "ps.port"
     port_file.unlink(missing_ok=True)
     command = [
@@ -119,6 +144,8 @@ def shard(workdir: Path, store: str, expected_rows: int) -> Iterator[tuple[str, 
     if store == "cached":
         data = workdir / "lmdb"
         shutil.rmtree(data, ignore_errors=True)
+        if prepare is not None:
+            prepare(data)
         command += ["--data-dir", str(data), "--cache-gb", "1", "--durability", "periodic"]
     log = workdir / "ps.log"
     with running(command, log) as proc:
@@ -225,6 +252,40 @@ def warm_up(client: Any, optimizer: Any, dim: int) -> None:
     client.pull("warmup", keys)
 
 
+def bulk_fill_cached(data_dir: Path, rows: int, dim: int, optimizer: Any) -> float:
+    """Write rows ``0..rows-1`` straight into a Cached shard's LMDB, before the shard
+    starts, in key order: what a table of the same spec holds after a pull of every key
+    (version 0, never changed, initial values and state). Returns seconds.
+
+    Filling 50M rows by push and commit runs at about 50k rows/s (each commit rewrites
+    random B-tree pages): over 15 minutes. In key order LMDB writes its pages one after
+    another, so pages end nearly full (about 24 rows of dim 16 with AdaGrad per 4 KiB
+    page, against about 17 after random inserts): the file is smaller than one a
+    training run grows, which slightly favours reads."""
+    from heraldps.spec import TableSpec
+    from ps_server.cached_store import CachedStore
+
+    started = time.perf_counter()
+    spec = TableSpec(TABLE, dim, optimizer=optimizer)
+    store = CachedStore(data_dir, durability="periodic")
+    try:
+        table, _ = store.create_table(spec)
+        ordered = np.sort(keys_of(np.arange(rows, dtype=np.int64)).view(np.uint64)).view(np.int64)
+        for start in range(0, rows, BULK_FILL_BATCH):
+            keys = ordered[start : start + BULK_FILL_BATCH]
+            n = keys.shape[0]
+            with store.env.begin(write=True) as txn:
+                table.disk.put(
+                    txn, keys, np.zeros(n, np.int64), np.full(n, -1, np.int64),
+                    spec.initializer.generate(keys, dim), optimizer.init_state(n, dim),
+                )  # fmt: skip
+            if start and start % (10 * BULK_FILL_BATCH) == 0:
+                print(f"  {start:,} rows ({time.perf_counter() - started:.0f}s)", file=sys.stderr)
+    finally:
+        store.close()
+    return time.perf_counter() - started
+
+
 def fill(client: Any, rows: int, store: str, dim: int, optimizer: Any) -> float:
     """Create rows ``0..rows-1``; returns seconds. Cached: commit them, so LMDB holds them."""
     client.create_table(TABLE, dim, optimizer)
@@ -258,36 +319,53 @@ def measure_size(
     store, rounds, dim = args.store, args.rounds, args.dim
     optimizer = AdaGrad(lr=0.01) if args.optimizer == "adagrad" else SGD(lr=0.01)
     rng = np.random.default_rng(rows)
+    bulk = store == "cached" and args.cached_fill == "bulk"
+    bulk_seconds = [0.0]
+
+    def prepare(data: Path) -> None:
+        bulk_seconds[0] = bulk_fill_cached(data, rows, dim, optimizer)
+
     with contextlib.ExitStack() as stack:
-        address, pid = stack.enter_context(shard(workdir, store, expected_rows))
+        address, pid = stack.enter_context(
+            shard(workdir, store, expected_rows, prepare if bulk else None)
+        )
         echo = stack.enter_context(echo_server(workdir, dim))
         client = stack.enter_context(PSClient([address], max_message_mb=MAX_MESSAGE_MB))
         client.wait_ready()
         warm_up(client, optimizer, dim)
         time.sleep(3)  # the shard trims freed call buffers once calls stop (heraldps.malloc)
         before, _ = rss(pid)
-        seconds = fill(client, rows, store, dim, optimizer)
+        if bulk:
+            client.create_table(TABLE, dim, optimizer)  # a no-op: the same spec exists
+            if client.describe_table(TABLE).rows != rows:
+                raise RuntimeError(f"the bulk-filled shard does not hold {rows} rows")
+            seconds = bulk_seconds[0]
+        else:
+            seconds = fill(client, rows, store, dim, optimizer)
         time.sleep(3)
         after, peak = rss(pid)
+        big_resident, big_huge = huge_pages(pid)
         accounted = client.describe_table(TABLE).bytes
         channel = stack.enter_context(
             grpc.insecure_channel(echo, options=channel_options(MAX_MESSAGE_MB * 2**20))
         )
         echo_call = channel.unary_unary(ECHO_METHOD)
-        key_sets = [random_present(rows, rng) for _ in range(8)]
+        # A fresh draw for every pull: a Cached shard's cache then holds what it would
+        # for random keys (a few sets in turn would all sit in its cache after one round).
+        key_sets = [random_present(rows, rng) for _ in range(rounds + WARMUP_ROUNDS)]
         requests = [k.tobytes() for k in key_sets]
         turn = [0]
 
         def pull() -> None:
             turn[0] += 1
-            values, _ = client.pull(TABLE, key_sets[turn[0] % 8])
+            values, _ = client.pull(TABLE, key_sets[turn[0] % len(key_sets)])
             assert values.shape == (BATCH, dim)
 
         def echo_pull() -> None:
-            answer = echo_call(requests[turn[0] % 8], timeout=60)
+            answer = echo_call(requests[turn[0] % len(requests)], timeout=60)
             assert len(answer) == response_bytes(dim)
 
-        timed = measure_alternating({"pull": pull, "echo": echo_pull}, rounds, warmup=3)
+        timed = measure_alternating({"pull": pull, "echo": echo_pull}, rounds, WARMUP_ROUNDS)
         grads = rng.standard_normal((BATCH, dim), dtype=np.float32) * 1e-3
         base = client.committed_iteration() + 1
         commits = []
@@ -300,10 +378,13 @@ def measure_size(
         disk = None
         if store == "cached":
             disk = sum(f.stat().st_size for f in (workdir / "lmdb").rglob("*") if f.is_file())
+        if bulk:  # the rows never passed through the shard's memory: nothing to compare
+            before = after = peak = 0
     return SizeResult(
         rows, store, dim, args.optimizer, expected_rows, seconds, before, after, peak,
         (after - before) / rows, (peak - before) / rows, accounted / rows,
         timed["pull"], timed["echo"], commits[2:], disk,
+        {"big_mappings_resident": big_resident, "big_mappings_huge_pages": big_huge},
     )  # fmt: skip
 
 
@@ -320,10 +401,13 @@ def markdown(results: list[SizeResult], load: str) -> str:
     ]
     for r in results:
         disk = f"{r.disk_bytes / r.rows:.0f}" if r.disk_bytes is not None else "-"
+        memory, ratio = "-", "-"
+        if r.rss_after:
+            memory = f"{r.bytes_per_row:.0f} ({r.peak_bytes_per_row:.0f})"
+            ratio = f"{r.bytes_per_row / r.ideal:.2f}"
         lines.append(
             f"| {r.rows:,} | {r.store}{' sized' if r.expected_rows else ''} "
-            f"| {r.bytes_per_row:.0f} ({r.peak_bytes_per_row:.0f}) "
-            f"| {r.bytes_per_row / r.ideal:.2f} "
+            f"| {memory} | {ratio} "
             f"| {r.pull_rows_per_s / 1e6:.2f}M | {r.pull_rows_per_s / first.pull_rows_per_s:.2f} "
             f"| {r.echo_rows_per_s / 1e6:.2f}M "
             f"| {statistics.median(r.echo_seconds) / statistics.median(r.pull_seconds):.2f} "
@@ -337,6 +421,12 @@ def markdown(results: list[SizeResult], load: str) -> str:
             f"- {r.rows:,} rows: pull {spread(r.pull_seconds)}; echo {spread(r.echo_seconds)}; "
             f"push + commit {spread(r.commit_seconds)}"
         ]
+    lines += ["", "The shard's mappings of 64 MiB or more (table records, index) after filling:"]
+    for r in results:
+        resident = r.extra.get("big_mappings_resident", 0)
+        huge = r.extra.get("big_mappings_huge_pages", 0)
+        share = f" ({huge / resident:.0%} on huge pages)" if resident else ""
+        lines.append(f"- {r.rows:,} rows: {resident / 2**20:,.0f} MiB resident{share}")
     lines += [
         "",
         f"Table: dim {first.dim}, {first.optimizer}; ideal row {first.ideal} bytes (values, "
@@ -353,6 +443,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="table sizes, each in a fresh shard (default 1M 10M)",
     )  # fmt: skip
     parser.add_argument("--store", choices=("staged", "cached"), default="staged")
+    parser.add_argument(
+        "--cached-fill", choices=("bulk", "commits"), default="bulk",
+        help="how a Cached shard gets its rows: bulk (written into its LMDB in key order "
+        "before it starts; default) or commits (push + commit through the shard: about "
+        "50k rows/s)",
+    )  # fmt: skip
     parser.add_argument(
         "--expected-rows", action="store_true",
         help="start each shard with --expected-rows N (sized up front, no growth)",

@@ -17,20 +17,31 @@ from typing import Any
 import numpy as np
 
 _HUGE_PAGE_MIN_BYTES = 4 * 2**20
+HUGE_PAGE = 2 * 2**20
+
+
+def mapping_bytes(nbytes: int) -> int:
+    """The length to map for ``nbytes``: whole 4 KiB pages, and whole 2 MiB huge pages
+    from 2 MiB on. A mapping whose length is a multiple of 2 MiB is placed on a 2 MiB
+    boundary (Linux 6.7 and later), so every 2 MiB of it can be one huge page, and a
+    ``mremap`` that moves it keeps them whole (``ps_server.row_arrays``)."""
+    unit = HUGE_PAGE if nbytes >= HUGE_PAGE else mmap.PAGESIZE
+    return max(1, -(-nbytes // unit)) * unit
 
 
 def zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A zero-filled, writable array; big ones on a huge-page-advised mapping."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dtype.itemsize
     if nbytes < _HUGE_PAGE_MIN_BYTES:
         return np.zeros(shape, dtype=dtype)
-    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping = mmap.mmap(-1, mapping_bytes(nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is not None:
         with contextlib.suppress(OSError):  # advice only; THP may be disabled
             mapping.madvise(advice)
-    return np.frombuffer(mapping, dtype=dtype).reshape(shape)
+    return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
 
 
 def grown(array: np.ndarray, capacity: int, fill: int = 0) -> np.ndarray:

@@ -14,7 +14,7 @@ from heraldps.admission import Limits
 from heraldps.security import ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import ps_pb2
-from ps_server import snapshot
+from ps_server import parallel, snapshot
 from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachePolicy
 from ps_server.metrics import PSMetrics
@@ -43,6 +43,7 @@ class PSConfig:
     max_message_mb: int = 64
     memory_limit_gb: float | None = None
     expected_rows: int = 0  # staged store: rows each table is sized for up front
+    kernel_threads: int = 0  # threads a big request's loops use (ps_server.parallel; 0: cores)
     threads: int = 16
     grace_seconds: float = 10.0
     port_file: str | None = None
@@ -76,6 +77,8 @@ class PSConfig:
             )
         if self.expected_rows < 0:
             raise ValueError(f"--expected-rows must be >= 0, got {self.expected_rows}")
+        if self.kernel_threads < 0:
+            raise ValueError(f"--kernel-threads must be >= 0, got {self.kernel_threads}")
         if self.max_message_mb < 1:
             raise ValueError(f"--max-message-mb must be >= 1, got {self.max_message_mb}")
         if self.snapshot_root and self.data_dir and _overlap(self.snapshot_root, self.data_dir):
@@ -138,6 +141,7 @@ class PSServer(GrpcProcess):
         limit = None
         if config.memory_limit_gb is not None:
             limit = int(config.memory_limit_gb * 2**30)
+        parallel.configure(config.kernel_threads)
         self.store: StagedStore | CachedStore
         if config.store == "cached":
             assert config.data_dir is not None

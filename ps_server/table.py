@@ -37,6 +37,7 @@ from ps_server.checks import (
 from ps_server.grad_buffer import GradBuffer
 from ps_server.kernels import gather_pull, gather_records, scatter_add_rows, scatter_records
 from ps_server.memory import MemoryBudget
+from ps_server.parallel import in_parts
 from ps_server.row_arrays import RowArray
 from ps_server.row_index import RowIndex
 
@@ -307,7 +308,13 @@ class StagedTable:
         holds the lock."""
         rows = self._lookup_or_create(keys, f"pull of {keys.shape[0]} keys from {self.name!r}")
         records = self._records.array
-        gather_pull(records, records.view(np.float32), rows, values, state, versions)
+        floats = records.view(np.float32)
+
+        def gather(lo: int, hi: int) -> None:
+            part = slice(lo, hi)
+            gather_pull(records, floats, rows[part], values[part], state[part], versions[part])
+
+        in_parts(rows.shape[0], gather)
         return rows
 
     def known(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
@@ -407,7 +414,8 @@ class StagedTable:
         block = np.empty((keys.shape[0], self._words), dtype=np.int64)
         block[:, 0] = 0
         block[:, 1] = NEVER_CHANGED
-        gather_records(self._records.array, rows, block)
+        records = self._records.array
+        in_parts(rows.shape[0], lambda lo, hi: gather_records(records, rows[lo:hi], block[lo:hi]))
         work = WorkingRows(rows, keys, *self._columns(block), records=block)
         absent = rows < 0
         if absent.any():
@@ -417,8 +425,11 @@ class StagedTable:
         return work
 
     def _store(self, rows: npt.NDArray[np.int64], work: WorkingRows) -> None:
-        if work.records is not None:
-            scatter_records(self._records.array, rows, work.records)
+        if work.records is not None:  # rows are distinct: the parts write disjoint records
+            records, block = self._records.array, work.records
+            in_parts(
+                rows.shape[0], lambda lo, hi: scatter_records(records, rows[lo:hi], block[lo:hi])
+            )
             return
         self._values[rows] = work.values
         self._state[rows] = work.state

@@ -105,11 +105,15 @@ class ShardClient:
                 raise TimeoutError(f"shard {address} not reachable within {timeout}s") from None
 
     # ----- transport --------------------------------------------------------
-    def _unary(self, shard: int, method: str, request: Any, idempotent: bool) -> Future[Any]:
-        """Start one RPC on ``shard`` now; the future holds its response or typed error."""
+    def _call(self, shard: int, method: str, request: Any, idempotent: bool) -> rpc.Call:
+        """One RPC on ``shard``, not sent yet."""
         call = self._raw_pulls[shard] if method == "Pull" else getattr(self._stubs[shard], method)
         address = self.addresses[shard]
-        return rpc.Call(call, request, self.timeout, address, idempotent, self._policy).start()
+        return rpc.Call(call, request, self.timeout, address, idempotent, self._policy)
+
+    def _unary(self, shard: int, method: str, request: Any, idempotent: bool) -> Future[Any]:
+        """Start one RPC on ``shard`` now; the future holds its response or typed error."""
+        return self._call(shard, method, request, idempotent).start()
 
     def _all_shards(self, method: str, request: Any, idempotent: bool = True) -> list[Any]:
         """``request`` sent to every shard at once; the responses in shard order."""
@@ -141,12 +145,12 @@ class ShardClient:
         self, table: str, keys: npt.ArrayLike
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Values ``float32 [n, dim]`` and versions ``int64 [n]`` of ``keys``, in order."""
-        values, versions, _ = rpc.wait(self._pull(table, keys, with_state=False))
+        values, versions, _ = rpc.wait(self._pull(table, keys, with_state=False, blocking=True))
         return values, versions
 
     def pull_with_state(self, table: str, keys: npt.ArrayLike) -> Pulled:
         """Values, versions and optimizer state ``float32 [n, state_width]`` of ``keys``."""
-        return rpc.wait(self._pull(table, keys, with_state=True))
+        return rpc.wait(self._pull(table, keys, with_state=True, blocking=True))
 
     def pull_async(
         self, table: str, keys: npt.ArrayLike
@@ -163,7 +167,11 @@ class ShardClient:
         return self._pull(table, keys, with_state=True)
 
     @rpc.reports_errors
-    def _pull(self, table: str, keys: npt.ArrayLike, with_state: bool) -> Future[Pulled]:
+    def _pull(
+        self, table: str, keys: npt.ArrayLike, with_state: bool, blocking: bool = False
+    ) -> Future[Pulled]:
+        """``blocking``: the caller waits for the result anyway, so a pull of one request
+        is made on its thread (``rpc.Call.run``)."""
         keys = as_keys(keys)
         n = keys.shape[0]
         dim, state_width = self._widths_of(table)
@@ -187,12 +195,19 @@ class ShardClient:
                 got = wire.len_field(fields, _STATE)
                 place(state, index, wire.decode_rows(got, rows, sw, "state", check_finite=False))
 
+        def request(index: Index) -> ps_pb2.PullRequest:
+            return ps_pb2.PullRequest(
+                table=table, keys=wire.encode_keys(keys[index]), with_state=with_state
+            )
+
+        if blocking and len(requests) == 1:
+            shard, index = requests[0]
+            put(index, self._call(shard, "Pull", request(index), True).run())
+            return rpc.done((values, versions, state))
         calls = [
-            rpc.then(self._unary(shard, "Pull", ps_pb2.PullRequest(
-                table=table, keys=wire.encode_keys(keys[index]), with_state=with_state), True),
-                functools.partial(put, index))
-            for shard, index in requests
-        ]  # fmt: skip
+            rpc.then(self._unary(s, "Pull", request(index), True), functools.partial(put, index))
+            for s, index in requests
+        ]
         return rpc.gather(calls, lambda _: (values, versions, state))
 
     def versions(self, table: str, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:

@@ -7,6 +7,8 @@ puts its results back in the caller's order.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import numpy.typing as npt
 
@@ -18,20 +20,25 @@ Index = npt.NDArray[np.intp] | slice
 def plan_requests(
     keys: npt.NDArray[np.int64], num_shards: int, per_request: int
 ) -> list[tuple[int, Index]]:
-    """(shard, index) of each request, at most ``per_request`` keys each.
+    """(shard, index) of each request, at most ``per_request`` keys each; a shard's part
+    that needs several requests is cut into equal ones (sizes differ by at most one key).
 
     With one shard the index is a slice, so requests and results are plain
     contiguous copies instead of gathers and scatters.
     """
+
+    def cut(n: int) -> list[slice]:
+        count = -(-n // max(per_request, 1))
+        bounds = [n * i // count for i in range(count + 1)] if count else []
+        return [slice(a, b) for a, b in itertools.pairwise(bounds)]
+
     if num_shards == 1:
-        n = keys.shape[0]
-        return [(0, slice(s, min(s + per_request, n))) for s in range(0, n, per_request)]
+        return [(0, piece) for piece in cut(keys.shape[0])]
     order, slices = split_by_shard(keys, num_shards)
     plan: list[tuple[int, Index]] = []
     for shard, part in enumerate(slices):
         positions = order[part]
-        for start in range(0, positions.shape[0], per_request):
-            plan.append((shard, positions[start : start + per_request]))
+        plan += [(shard, positions[piece]) for piece in cut(positions.shape[0])]
     return plan
 
 

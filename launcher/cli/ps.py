@@ -35,6 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "0: grow as keys arrive (docs/ps.md, 'Memory and growth')",
     )
     p.add_argument(
+        "--kernel-threads",
+        type=int,
+        default=0,
+        help="threads one big pull or commit shares its compiled loops over (lookups, "
+        "gathers, copies); 0: one per core, at most 4; 1: the handler's own thread only "
+        "(docs/ps.md, 'Storage')",
+    )
+    p.add_argument(
         "--store",
         default="staged",
         choices=("staged", "cached"),
@@ -91,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, shard_index=args.shard_index,
         num_shards=args.num_shards, metrics_port=args.metrics_port,
         max_message_mb=args.max_message_mb, memory_limit_gb=args.memory_limit_gb,
-        expected_rows=args.expected_rows,
+        expected_rows=args.expected_rows, kernel_threads=args.kernel_threads,
         threads=args.threads, grace_seconds=args.grace_seconds, port_file=args.port_file,
         store=args.store, data_dir=args.data_dir, cache_gb=args.cache_gb,
         target_hit_rate=args.target_hit_rate, max_num_evict=args.max_num_evict,

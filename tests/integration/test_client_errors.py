@@ -25,7 +25,7 @@ from heraldps.errors import (
     UnknownTable,
 )
 from heraldps.optim import SGD, AdaGrad
-from heraldps.v1 import ps_pb2, ps_pb2_grpc
+from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
 from tests.conftest import ClusterFactory
 
 
@@ -83,6 +83,68 @@ def test_an_unreachable_shard_is_unavailable_after_the_retries() -> None:
     assert err.value.address == address
     # Two backoffs of at least 0.5 * 0.1 s and 0.5 * 0.2 s: the call was retried.
     assert waited >= 0.5 * backoff * (2**retries - 1)
+
+
+@pytest.fixture
+def flaky_shard() -> Iterator[tuple[str, list[int]]]:
+    """A stand-in shard (plain grpcio) whose Pull answers UNAVAILABLE twice, then the rows;
+    yields its address and the Pull calls it saw (their key counts)."""
+    seen: list[int] = []
+
+    def describe(request: bytes, context: grpc.ServicerContext) -> bytes:
+        spec = ps_pb2.DescribeTableRequest.FromString(request)
+        info = types_pb2.TableInfo(rows=0)
+        info.spec.name, info.spec.dim = spec.table, 2
+        return bytes(info.SerializeToString())
+
+    def pull(request: bytes, context: grpc.ServicerContext) -> bytes:
+        keys = wire.decode_keys(ps_pb2.PullRequest.FromString(request).keys)
+        seen.append(keys.shape[0])
+        if len(seen) <= 2:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
+        values = np.repeat(keys[:, None].astype(np.float32), 2, axis=1)
+        answer = ps_pb2.PullResponse(values=wire.encode_floats(values), dim=2,
+                                     versions=wire.encode_keys(keys * 10))  # fmt: skip
+        return bytes(answer.SerializeToString())
+
+    def shard_info(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return bytes(ps_pb2.ShardInfo(num_shards=1, max_message_bytes=2**20).SerializeToString())
+
+    handler = grpc.method_handlers_generic_handler(
+        "heraldps.v1.ParameterServer",
+        {
+            "DescribeTable": grpc.unary_unary_rpc_method_handler(describe),
+            "GetShardInfo": grpc.unary_unary_rpc_method_handler(shard_info),
+            "Pull": grpc.unary_unary_rpc_method_handler(pull),
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", seen
+    server.stop(grace=0)
+
+
+def test_a_blocking_pull_made_on_the_callers_thread_is_retried(
+    flaky_shard: tuple[str, list[int]],
+) -> None:
+    """One shard: the pull runs on the caller's thread (``rpc.Call.run``), with the same
+    retries on UNAVAILABLE as a pull sent as a future."""
+    address, seen = flaky_shard
+    keys = np.array([5, -1, 7], dtype=np.int64)
+    with PSClient([address], backoff_seconds=0.01) as ps:
+        values, versions = ps.pull("emb", keys)
+        assert seen == [3, 3, 3]
+        assert np.array_equal(values, [[5, 5], [-1, -1], [7, 7]])
+        assert versions.tolist() == [50, -10, 70]
+        seen.clear()
+        with (
+            PSClient([address], retries=1, backoff_seconds=0.01) as impatient,
+            pytest.raises(Unavailable, match="restarting") as err,
+        ):
+            impatient.pull("emb", keys)
+        assert seen == [3, 3] and err.value.address == address
 
 
 def test_an_async_pull_fails_through_its_future(cluster: ClusterFactory) -> None:

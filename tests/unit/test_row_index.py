@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import mmap
+import os
+import re
+
 import numpy as np
 import pytest
 
+from heraldps import hostmem
+from heraldps.hostmem import HUGE_PAGE
 from heraldps.keyindex import KeyIndex
 from heraldps.optim import AdaGrad
 from heraldps.spec import TableSpec
@@ -70,6 +76,36 @@ def test_row_array_grows_in_place_keeping_rows() -> None:
     assert np.array_equal(column.array[:10].reshape(-1), np.arange(30))
     empty = RowArray((0,), np.float32)
     assert empty.grow(50).shape == (50, 0)
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return found is not None and (int(found[1]), int(found[2])) >= (major, minor)
+
+
+def test_big_mappings_are_whole_huge_pages_and_stay_on_their_boundaries() -> None:
+    """Whatever the capacity (here 174,763 rows of 272 bytes: pulls cut at a message
+    limit), a big array's mapping is a whole number of 2 MiB pages; from Linux 6.7 the
+    kernel then puts it, and wherever mremap moves it, on a 2 MiB boundary."""
+    assert hostmem.mapping_bytes(1) == mmap.PAGESIZE
+    assert hostmem.mapping_bytes(HUGE_PAGE - 1) == HUGE_PAGE
+    assert hostmem.mapping_bytes(HUGE_PAGE + 1) == 2 * HUGE_PAGE
+    column = RowArray((34,), np.int64)
+    for capacity in (174_763, 349_526, 699_052, 1_398_104):
+        column.grow(capacity)
+        column.array[-1] = 1  # touched, as the rows a pull creates
+        assert column._mapping is not None and len(column._mapping) % HUGE_PAGE == 0
+        if _kernel_at_least(6, 7):
+            assert column.array.__array_interface__["data"][0] % HUGE_PAGE == 0
+    assert column.grows_in_place == 3 and column.grows_by_copy == 0
+    index = hostmem.zeros((400_003, 2), np.int64)
+    assert index.shape == (400_003, 2) and not index.any()
+    mapping = index
+    while isinstance(mapping, np.ndarray):
+        mapping = mapping.base
+    if isinstance(mapping, memoryview):
+        mapping = mapping.obj
+    assert isinstance(mapping, mmap.mmap) and len(mapping) % HUGE_PAGE == 0
 
 
 def test_table_grows_without_copies_and_exports_keys() -> None:

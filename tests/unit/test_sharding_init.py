@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from heraldps.client.routing import count, plan_requests
 from heraldps.init import Normal, Uniform, Zeros, initializer_from_proto
 from heraldps.sharding import shard_of, split_by_shard
 
@@ -33,6 +34,23 @@ def test_split_by_shard_reassembles_in_caller_order() -> None:
         assert np.all(shards[order[part]] == s)
         out[order[part]] = keys[order[part]]
     assert np.array_equal(out, keys)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_requests_cut_each_shard_part_into_equal_pieces(shards: int) -> None:
+    keys = np.random.default_rng(4).integers(-(2**62), 2**62, 10_001)
+    for per_request in (700, 4000, 10**6):
+        plan = plan_requests(keys, shards, per_request)
+        covered = np.zeros(keys.shape[0], dtype=np.int64)
+        for shard in range(shards):
+            sizes = [count(index, keys.shape[0]) for s, index in plan if s == shard]
+            assert max(sizes) <= per_request and max(sizes) - min(sizes) <= 1
+            assert len(sizes) == -(-sum(sizes) // per_request)
+        for shard, index in plan:
+            covered[index] += 1
+            assert np.all(shard_of(keys[index], shards) == shard)
+        assert (covered == 1).all()
+    assert plan_requests(keys[:0], 1, 10) == []
 
 
 @pytest.mark.parametrize("init", [Normal(std=0.5, seed=3), Uniform(-1, 2, seed=9), Zeros()])
