@@ -32,16 +32,11 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from heraldps.cores import CORES, idle_cores
+
 MIN_CHUNK = 4096  # keys: handing out a chunk costs a few microseconds of Python
 CHUNKS_PER_THREAD = 4
 MAX_THREADS = 4
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def default_threads() -> int:
@@ -49,7 +44,6 @@ def default_threads() -> int:
     return max(1, min(CORES, MAX_THREADS))
 
 
-CORES = _cores()
 THREADS = default_threads()  # the caller and THREADS - 1 helpers
 
 _pool: ThreadPoolExecutor | None = None
@@ -104,23 +98,6 @@ class _Chunks:
                 self.work(self.bounds[i], self.bounds[i + 1])
             except BaseException as exc:
                 self.error = self.error or exc
-
-
-_loadavg: int | None = None
-
-
-def idle_cores() -> int:
-    """Cores with nothing to run at this moment: the cores this process may use, less
-    the threads the kernel has running (this one included; ``/proc/loadavg``). Where
-    that file cannot be read, every core but this thread's counts as idle."""
-    global _loadavg
-    try:
-        if _loadavg is None:
-            _loadavg = os.open("/proc/loadavg", os.O_RDONLY)
-        running = int(os.pread(_loadavg, 128, 0).split()[3].split(b"/")[0])
-    except (OSError, IndexError, ValueError):
-        running = 1
-    return max(0, CORES - running)
 
 
 def in_parts(n: int, work: Callable[[int, int], object], threads: int | None = None) -> None:
