@@ -168,17 +168,21 @@ def key_rows(slots, uniq, holders, info, hold, first, last):  # type: ignore[no-
 
 
 @njit(nogil=True)
-def rows_of_kids(kids, uniq, holders, info, hold):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """:func:`key_rows` for keys whose kids are known (all registered)."""
+def rows_of_kids(kids, uniq, added, holders, key_of, info, hold):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """:func:`key_rows` for keys whose kids are known (just inserted where ``added``:
+    their key is written to ``key_of``, their record is the zero one)."""
     n = kids.shape[0]
     for i in range(min(PREFETCH_DISTANCE, n)):
         prefetch(holders, kids[i])
     for i in range(n):
         if i + PREFETCH_DISTANCE < n:
             prefetch(holders, kids[i + PREFETCH_DISTANCE])
-        info[i, KID] = kids[i]
+        k = kids[i]
+        if added[i]:
+            key_of[k] = uniq[i]
+        info[i, KID] = k
         info[i, KEY] = uniq[i]
-        info[i, HOLDERS] = holders[kids[i]]
+        info[i, HOLDERS] = holders[k]
         hold[i] = info[i, HOLDERS]
 
 

@@ -185,8 +185,8 @@ class CacheMirror:
         if nb < PARALLEL_KEYS or not parallel:  # one thread: register, then look up
             added = np.zeros(nb, dtype=bool)
             kids = self.index.insert(uniq, added)
-            self._register(kids[added], uniq[added])
-            kernels.rows_of_kids(kids, uniq, self.holders, info, hold)
+            self._reserve_records()
+            kernels.rows_of_kids(kids, uniq, added, self.holders, self.key_of, info, hold)
             return info, hold
         self.index.reserve(len(self.index) + nb)  # the lookups' slots stay valid
         slots, holders = self.index.slots, self.holders
@@ -209,11 +209,15 @@ class CacheMirror:
         forgot, which :meth:`forget` left all zero: no holder, not cached, no owner)."""
         if not keys.shape[0]:
             return
+        self._reserve_records()
+        self.key_of[kids] = keys
+
+    def _reserve_records(self) -> None:
+        """Records (and keys) for every kid the index has handed out; they double."""
         rows = self.index.rows
         if rows > self.records.shape[0]:
             rows = max(rows, 2 * self.records.shape[0])
             self._set_records(hostmem.grown(self.records, rows), hostmem.grown(self.key_of, rows))
-        self.key_of[kids] = keys
 
     def forget(self, kids: npt.NDArray[np.int64]) -> None:
         """Drop keys no worker caches any more (their last copy was just evicted, so they
