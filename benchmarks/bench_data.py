@@ -21,6 +21,11 @@ so its peak RSS (``ru_maxrss`` of that child, from ``wait4``) is its own:
 (d) ``simulate``: ``python -m launcher simulate --data FILE`` wall time and RSS
     (skipped with a note if it fails).
 
+Each child's CPU seconds (all its threads, from ``wait4``) and the load average when it
+started are recorded too. ``--repeat N`` runs every measurement of a size N times, in
+rounds that alternate their order, and reports medians: on a shared machine one run says
+little.
+
 ``keys`` times key hashing on one Criteo batch (65,536 rows x 26 columns)
 against the hashlib baseline. Targets (issue 22): reader >= 300k rows/s from
 TSV and >= 0.4x the raw parse; Parquet faster than TSV; peak RSS of reader
@@ -149,6 +154,7 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
         return {
             "code": proc.returncode,
             "wall": wall,
+            "cpu_s": usage.ru_utime + usage.ru_stime,  # all the child's threads
             "rss_mb": usage.ru_maxrss / 1024,  # Linux: kilobytes
             "stdout": out.read().decode(errors="replace"),
             "stderr": err.read().decode(errors="replace")[-2000:],
@@ -156,6 +162,7 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
 
 
 def measure(kind: str, path: Path, timeout: float) -> dict[str, Any]:
+    load = os.getloadavg()[0]
     res = run_child([sys.executable, __file__, "--child", kind, str(path)], timeout)
     if res["code"] != 0:
         last = res["stderr"].strip().splitlines()[-1:] or ["(no output)"]
@@ -166,11 +173,14 @@ def measure(kind: str, path: Path, timeout: float) -> dict[str, Any]:
         "rows": got["rows"],
         "seconds": got["seconds"],
         "rows_per_s": got["rows"] / got["seconds"],
+        "cpu_s": res["cpu_s"],
         "rss_mb": res["rss_mb"],
+        "load": load,
     }
 
 
 def measure_simulate(path: Path, rows: int, timeout: float) -> dict[str, Any]:
+    load = os.getloadavg()[0]
     argv = [sys.executable, "-m", "launcher", "simulate", "--data", str(path), "--format", "criteo"]
     res = run_child(argv, timeout)
     if res["code"] != 0:
@@ -181,7 +191,28 @@ def measure_simulate(path: Path, rows: int, timeout: float) -> dict[str, Any]:
         "rows": rows,
         "seconds": res["wall"],
         "rows_per_s": rows / res["wall"],
+        "cpu_s": res["cpu_s"],
         "rss_mb": res["rss_mb"],
+        "load": load,
+    }
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One measurement's repeats as one row: medians, with the range of rows/s and every
+    load average seen (a shared machine's figures move with it)."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    speeds = [r["rows_per_s"] for r in ok]
+    row = {key: statistics.median(r[key] for r in ok) for key in ("seconds", "cpu_s", "rss_mb")}
+    return {
+        "kind": ok[0]["kind"],
+        "rows": ok[0]["rows"],
+        "rows_per_s": statistics.median(speeds),
+        "rows_per_s_range": [min(speeds), max(speeds)],
+        **row,
+        "repeats": len(ok),
+        "loads": [round(r["load"], 2) for r in ok],
     }
 
 
@@ -347,6 +378,13 @@ def main() -> int:
         default=["raw", "reader", "feed", "simulate", "keys"],
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every measurement of a size this many times, in rounds that alternate their "
+        "order, and report medians (ranges in the JSON): for a shared machine",
+    )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -386,12 +424,18 @@ def main() -> int:
                 plan += [("reader-tsv", tsv), ("reader-parquet", parquet)]
             if "feed" in args.only:
                 plan += [("feed-tsv", tsv)]
-            for kind, path in plan:
-                print(f"  {rows:,} rows: {kind} ...", file=sys.stderr, flush=True)
-                found.append(measure(kind, path, args.timeout))
             if "simulate" in args.only:
-                print(f"  {rows:,} rows: simulate ...", file=sys.stderr, flush=True)
-                found.append(measure_simulate(tsv, rows, args.timeout))
+                plan += [("simulate", tsv)]
+            runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind, _ in plan}
+            for round_ in range(args.repeat):
+                for kind, path in plan if round_ % 2 == 0 else plan[::-1]:
+                    print(f"  {rows:,} rows: {kind} ...", file=sys.stderr, flush=True)
+                    runs[kind].append(
+                        measure_simulate(path, rows, args.timeout)
+                        if kind == "simulate"
+                        else measure(kind, path, args.timeout)
+                    )
+            found = [medians(r) for r in runs.values()]
             results["sizes"][str(rows)] = found
             print_size(rows, found, tsv.stat().st_size)
         print_targets(results["sizes"])
@@ -414,14 +458,18 @@ def main() -> int:
 def print_size(rows: int, found: list[dict[str, Any]], tsv_bytes: int) -> None:
     raw = next((r for r in found if r["kind"] == "raw-tsv" and "rows_per_s" in r), None)
     print(f"\n{rows:,} rows ({tsv_bytes / 1e6:.0f} MB TSV)")
-    print("| measurement | rows/s | seconds | x raw TSV parse | peak RSS MB |")
-    print("|---|---:|---:|---:|---:|")
+    print("| measurement | rows/s | seconds | CPU s | x raw TSV parse | peak RSS MB | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in found:
         if "error" in r:
-            print(f"| {r['kind']} | skipped: {r['error']} | | | |")
+            print(f"| {r['kind']} | skipped: {r['error']} | | | | | |")
             continue
         ratio = f"{r['rows_per_s'] / raw['rows_per_s']:.2f}" if raw else ""
-        cells = f"{r['rows_per_s']:,.0f} | {r['seconds']:.1f} | {ratio} | {r['rss_mb']:.0f}"
+        loads = "-".join(f"{x:.1f}" for x in (min(r["loads"]), max(r["loads"])))
+        cells = (
+            f"{r['rows_per_s']:,.0f} | {r['seconds']:.1f} | {r['cpu_s']:.1f} | {ratio} | "
+            f"{r['rss_mb']:.0f} | {loads}"
+        )
         print(f"| {r['kind']} | {cells} |")
 
 

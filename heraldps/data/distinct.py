@@ -44,24 +44,19 @@ def _fnv(
 @njit(nogil=True)
 def _insert(
     table: npt.NDArray[np.uint64],
-    new_keys: npt.NDArray[np.int64],
-    new_prints: npt.NDArray[np.uint64],
-    new_tags: npt.NDArray[np.uint64],
-    tag: int,
+    new_keys: npt.NDArray[np.uint64],
+    new_words: npt.NDArray[np.uint64],
 ) -> int:  # pragma: no cover - compiled
     """Insert (key, fingerprint << 32 | field + 1) pairs into ``table`` (rows of two words;
-    second word 0: an empty slot); returns how many were new. The second word of pair i is
-    ``new_prints[i] << 32 | new_tags[i]``, ``new_tags`` empty meaning ``tag`` for all; a pair
-    whose word is 0 (an empty slot of an old table being moved) is skipped."""
+    second word 0: an empty slot); returns how many were new. A pair whose word is 0 (an
+    empty slot of an old table being moved, read in place) is skipped."""
     mask = np.uint64(table.shape[0] - 1)
-    shared = new_tags.shape[0] == 0
     added = 0
     for i in range(new_keys.shape[0]):
-        low = np.uint64(tag) if shared else new_tags[i]
-        word = (new_prints[i] << np.uint64(32)) | low
+        word = new_words[i]
         if word == 0:
             continue
-        k = np.uint64(new_keys[i])
+        k = new_keys[i]
         s = splitmix64(k ^ word) & mask
         while table[s, 1] != 0 and not (table[s, 0] == k and table[s, 1] == word):
             s = (s + np.uint64(1)) & mask
@@ -72,7 +67,22 @@ def _insert(
     return added
 
 
-_NO_TAGS = np.empty(0, dtype=np.uint64)
+@njit(nogil=True)
+def _entries(
+    table: npt.NDArray[np.uint64], keys: npt.NDArray[np.int64], fields: npt.NDArray[np.int32]
+) -> None:  # pragma: no cover - compiled
+    """The key and the field of every entry of ``table``, in slot order, into ``keys`` and
+    ``fields`` (as long as the table has entries)."""
+    n = 0
+    low = np.uint64(0xFFFFFFFF)
+    for s in range(table.shape[0]):
+        word = table[s, 1]
+        if word != 0:
+            keys[n] = np.int64(table[s, 0])
+            fields[n] = np.int32((word & low) - np.uint64(1))
+            n += 1
+
+
 _MAX_LOAD = 0.7
 _LOW = np.uint64(0xFFFFFFFF)
 
@@ -134,8 +144,7 @@ class DistinctCounter:
             capacity *= 2
         old = self.table
         self.table = np.zeros((capacity, 2), dtype=np.uint64)
-        words = np.ascontiguousarray(old[:, 1])
-        _insert(self.table, old[:, 0].view(np.int64), words >> np.uint64(32), words & _LOW, 0)
+        _insert(self.table, old[:, 0], old[:, 1])  # read in place: no temporary copies
 
     @property
     def nbytes(self) -> int:
@@ -152,23 +161,22 @@ class DistinctCounter:
         """Record the values of ``field`` in cells ``cells`` of ``values`` (present cells:
         a chunk's new dictionary values, or the cells a key cache had to hash), whose keys
         are ``keys``; a value seen before is counted once."""
-        prints = fingerprints(values, cells)
+        words = (fingerprints(values, cells) << np.uint64(32)) | np.uint64(field + 1)
         self._reserve(keys.shape[0])
-        self.size += int(_insert(self.table, keys, prints, _NO_TAGS, field + 1))
+        self.size += int(_insert(self.table, keys.view(np.uint64), words))
 
     def counts(self) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """(distinct values per field, distinct keys per field, distinct keys overall)."""
-        words = self.table[:, 1]
-        used = words != 0
-        keys = self.table[used, 0].view(np.int64)
-        fields = ((words[used] & _LOW) - np.uint64(1)).astype(np.int64)
+        keys = np.empty(self.size, dtype=np.int64)
+        fields = np.empty(self.size, dtype=np.int32)
+        _entries(self.table, keys, fields)  # compacted: 12 bytes an entry, no temporaries
         values = np.bincount(fields, minlength=self.num_fields)
-        ordered = np.sort(keys)
-        total = 1 + int(np.count_nonzero(ordered[1:] != ordered[:-1])) if keys.shape[0] else 0
-        del ordered
+        keys.sort()  # in place; ``fields`` no longer pairs with it
+        total = 1 + int(np.count_nonzero(keys[1:] != keys[:-1])) if keys.shape[0] else 0
         if total == keys.shape[0]:  # no key twice (the usual case): a key per value
             per_field = values
         else:  # some key stands for several values (a collision): count (field, key) pairs
+            _entries(self.table, keys, fields)
             order = np.lexsort((keys, fields))
             k, f = keys[order], fields[order]
             new = np.ones(k.shape[0], dtype=bool)
