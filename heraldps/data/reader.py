@@ -527,13 +527,13 @@ def _chunks(
                     if observer is not None and split is not None:
                         observer.active = row + lo < split
                 take = min(batch_rows - have, hi - lo)
-                before_split = split is not None and row + lo < split
-                if split is not None and before_split:
-                    take = min(take, split - (row + lo))
+                to_split = 0 if split is None else split - (row + lo)  # > 0: not reached
+                if to_split > 0:
+                    take = min(take, to_split)
                 group.append(batch if (lo, take) == (0, n) else batch.slice(lo, take))
                 have += take
                 lo += take
-                if have == batch_rows or (before_split and row + lo == split):
+                if have == batch_rows or take == to_split:
                     yield _convert(group, plan, spec, first, observer, known)
                     group, have = [], 0
             record += n
