@@ -235,6 +235,7 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
         **row,
         "repeats": len(ok),
         "loads": [round(r["load"], 2) for r in ok],
+        "runs_rows_per_s": [round(x) for x in speeds],  # in the order run, beside ``loads``
     }
 
 
