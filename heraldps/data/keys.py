@@ -542,7 +542,7 @@ def take_into(
 
 _INLINE = 16  # values up to this many bytes are cached (Criteo's and Avazu's all are)
 _FIRST_SLOTS = 1 << 12
-_MAX_SLOTS = 1 << 18  # 8 MB a column at 32 bytes a slot; a full table is cleared, not grown
+_MAX_SLOTS = 1 << 16  # 2 MB a column at 32 bytes a slot; a full table is cleared, not grown
 _FULL = -2
 
 
@@ -676,7 +676,7 @@ def _rehash(old: npt.NDArray[np.uint64], table: npt.NDArray[np.uint64]) -> int: 
 class KeyCache:
     """The keys of one sparse column's recent values: a compiled open-addressing table of
     (value up to 16 bytes -> key), so a value seen before costs a probe (tens of ns) instead
-    of a BLAKE2b (about 170 ns). It grows from 4k to 256k slots (8 MB) and is cleared when
+    of a BLAKE2b (about 170 ns). It grows from 4k to 64k slots (2 MB) and is cleared when
     full, so its memory is bounded whatever the file's size; keys are exact (a hit needs the
     same bytes), so the cache changes only the speed."""
 
