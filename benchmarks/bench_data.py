@@ -21,6 +21,11 @@ so its peak RSS (``ru_maxrss`` of that child, from ``wait4``) is its own:
 (d) ``simulate``: ``python -m launcher simulate --data FILE`` wall time and RSS
     (skipped with a note if it fails).
 
+Each child's CPU seconds (all its threads, from ``wait4``) and the load average when it
+started are recorded too. ``--repeat N`` runs every measurement of a size N times, in
+rounds that alternate their order, and reports medians: on a shared machine one run says
+little.
+
 ``keys`` times key hashing on one Criteo batch (65,536 rows x 26 columns)
 against the hashlib baseline. Targets (issue 22): reader >= 300k rows/s from
 TSV and >= 0.4x the raw parse; Parquet faster than TSV; peak RSS of reader
@@ -96,10 +101,28 @@ def _child_feed(path: str) -> int:
 
     spec = DataSpec(source=path, format="criteo")
     rows = scan(spec).rows  # the first pass a feeder's job records as train_rows
+    # The first pass holds the distinct-value set (it grows with the vocabulary); the
+    # feeding that follows must stay flat: each phase's peak is reported on its own.
+    PHASES["first_pass_rss_mb"] = _peak_rss_mb(reset=True)
     sent = 0
     for batch in StreamedBatches(spec, rows, FEED_BATCH, None).iter_from(0):
         sent += len(encode_samples(batch).SerializeToString()) and batch.rows
+    PHASES["feeding_rss_mb"] = _peak_rss_mb()
     return sent
+
+
+PHASES: dict[str, float] = {}  # peak RSS (MB) of each phase of a child that has several
+
+
+def _peak_rss_mb(reset: bool = False) -> float:
+    """This process's peak RSS so far (``VmHWM``); ``reset`` starts a new peak from the
+    current RSS (Linux ``clear_refs`` 5), so the next reading covers what follows."""
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    if reset:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    return peak / 1024
 
 
 CHILDREN = {
@@ -115,7 +138,7 @@ def child_main(kind: str, path: str) -> None:
     """Run one measurement; print its rows and seconds as JSON (RSS is read by the parent)."""
     start = time.perf_counter()
     rows = CHILDREN[kind](path)
-    print(json.dumps({"rows": rows, "seconds": time.perf_counter() - start}))
+    print(json.dumps({"rows": rows, "seconds": time.perf_counter() - start, **PHASES}))
 
 
 # --------------------------------------------------------------- parent side
@@ -149,6 +172,7 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
         return {
             "code": proc.returncode,
             "wall": wall,
+            "cpu_s": usage.ru_utime + usage.ru_stime,  # all the child's threads
             "rss_mb": usage.ru_maxrss / 1024,  # Linux: kilobytes
             "stdout": out.read().decode(errors="replace"),
             "stderr": err.read().decode(errors="replace")[-2000:],
@@ -156,21 +180,28 @@ def run_child(argv: list[str], timeout: float) -> dict[str, Any]:
 
 
 def measure(kind: str, path: Path, timeout: float) -> dict[str, Any]:
+    load = os.getloadavg()[0]
     res = run_child([sys.executable, __file__, "--child", kind, str(path)], timeout)
     if res["code"] != 0:
         last = res["stderr"].strip().splitlines()[-1:] or ["(no output)"]
         return {"kind": kind, "error": f"exit {res['code']}: {last[0]}", "rss_mb": res["rss_mb"]}
     got = json.loads(res["stdout"].strip().splitlines()[-1])
+    phases = {k: v for k, v in got.items() if k.endswith("_rss_mb")}
     return {
         "kind": kind,
         "rows": got["rows"],
         "seconds": got["seconds"],
         "rows_per_s": got["rows"] / got["seconds"],
-        "rss_mb": res["rss_mb"],
+        "cpu_s": res["cpu_s"],
+        # A child that reset its peak between phases reports the earlier peaks itself.
+        "rss_mb": max([res["rss_mb"], *phases.values()]),
+        **phases,
+        "load": load,
     }
 
 
 def measure_simulate(path: Path, rows: int, timeout: float) -> dict[str, Any]:
+    load = os.getloadavg()[0]
     argv = [sys.executable, "-m", "launcher", "simulate", "--data", str(path), "--format", "criteo"]
     res = run_child(argv, timeout)
     if res["code"] != 0:
@@ -181,7 +212,30 @@ def measure_simulate(path: Path, rows: int, timeout: float) -> dict[str, Any]:
         "rows": rows,
         "seconds": res["wall"],
         "rows_per_s": rows / res["wall"],
+        "cpu_s": res["cpu_s"],
         "rss_mb": res["rss_mb"],
+        "load": load,
+    }
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One measurement's repeats as one row: medians, with the range of rows/s and every
+    load average seen (a shared machine's figures move with it)."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    speeds = [r["rows_per_s"] for r in ok]
+    keys = ["seconds", "cpu_s", "rss_mb", *(k for k in ok[0] if k.endswith("_rss_mb"))]
+    row = {key: statistics.median(r[key] for r in ok) for key in keys}
+    return {
+        "kind": ok[0]["kind"],
+        "rows": ok[0]["rows"],
+        "rows_per_s": statistics.median(speeds),
+        "rows_per_s_range": [min(speeds), max(speeds)],
+        **row,
+        "repeats": len(ok),
+        "loads": [round(r["load"], 2) for r in ok],
+        "runs_rows_per_s": [round(x) for x in speeds],  # in the order run, beside ``loads``
     }
 
 
@@ -347,6 +401,13 @@ def main() -> int:
         default=["raw", "reader", "feed", "simulate", "keys"],
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per measurement")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every measurement of a size this many times, in rounds that alternate their "
+        "order, and report medians (ranges in the JSON): for a shared machine",
+    )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -386,12 +447,18 @@ def main() -> int:
                 plan += [("reader-tsv", tsv), ("reader-parquet", parquet)]
             if "feed" in args.only:
                 plan += [("feed-tsv", tsv)]
-            for kind, path in plan:
-                print(f"  {rows:,} rows: {kind} ...", file=sys.stderr, flush=True)
-                found.append(measure(kind, path, args.timeout))
             if "simulate" in args.only:
-                print(f"  {rows:,} rows: simulate ...", file=sys.stderr, flush=True)
-                found.append(measure_simulate(tsv, rows, args.timeout))
+                plan += [("simulate", tsv)]
+            runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind, _ in plan}
+            for round_ in range(args.repeat):
+                for kind, path in plan if round_ % 2 == 0 else plan[::-1]:
+                    print(f"  {rows:,} rows: {kind} ...", file=sys.stderr, flush=True)
+                    runs[kind].append(
+                        measure_simulate(path, rows, args.timeout)
+                        if kind == "simulate"
+                        else measure(kind, path, args.timeout)
+                    )
+            found = [medians(r) for r in runs.values()]
             results["sizes"][str(rows)] = found
             print_size(rows, found, tsv.stat().st_size)
         print_targets(results["sizes"])
@@ -414,15 +481,23 @@ def main() -> int:
 def print_size(rows: int, found: list[dict[str, Any]], tsv_bytes: int) -> None:
     raw = next((r for r in found if r["kind"] == "raw-tsv" and "rows_per_s" in r), None)
     print(f"\n{rows:,} rows ({tsv_bytes / 1e6:.0f} MB TSV)")
-    print("| measurement | rows/s | seconds | x raw TSV parse | peak RSS MB |")
-    print("|---|---:|---:|---:|---:|")
+    print("| measurement | rows/s | seconds | CPU s | x raw TSV parse | peak RSS MB | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in found:
         if "error" in r:
-            print(f"| {r['kind']} | skipped: {r['error']} | | | |")
+            print(f"| {r['kind']} | skipped: {r['error']} | | | | | |")
             continue
         ratio = f"{r['rows_per_s'] / raw['rows_per_s']:.2f}" if raw else ""
-        cells = f"{r['rows_per_s']:,.0f} | {r['seconds']:.1f} | {ratio} | {r['rss_mb']:.0f}"
+        loads = "-".join(f"{x:.1f}" for x in (min(r["loads"]), max(r["loads"])))
+        cells = (
+            f"{r['rows_per_s']:,.0f} | {r['seconds']:.1f} | {r['cpu_s']:.1f} | {ratio} | "
+            f"{r['rss_mb']:.0f} | {loads}"
+        )
         print(f"| {r['kind']} | {cells} |")
+    for r in found:
+        if "first_pass_rss_mb" in r:
+            print(f"({r['kind']}: peak RSS {r['first_pass_rss_mb']:.0f} MB in the first pass, "
+                  f"{r['feeding_rss_mb']:.0f} MB while feeding)")  # fmt: skip
 
 
 def print_targets(sizes: dict[str, list[dict[str, Any]]]) -> None:
@@ -460,6 +535,9 @@ def print_targets(sizes: dict[str, list[dict[str, Any]]]) -> None:
             print(
                 f"- {kind} RSS 10M / 1M = {ratio:.2f} <= 1.2: {'met' if ratio <= 1.2 else 'MISSED'}"
             )
+            if "feeding_rss_mb" in a and "feeding_rss_mb" in b:
+                ratio = b["feeding_rss_mb"] / a["feeding_rss_mb"]
+                print(f"  {kind} while feeding (after the first pass): 10M / 1M = {ratio:.2f}")
 
 
 if __name__ == "__main__":

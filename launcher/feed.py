@@ -173,15 +173,15 @@ def run_feed(config: FeedConfig) -> None:
 
 
 def job_batches(job: TrainingJob) -> StreamedBatches:
-    """The job's global batches, streamed; its rows are counted by a first pass unless the
-    job records them (``heraldps local`` and ``heraldps train`` write ``train_rows``)."""
+    """The job's global batches, streamed; its rows are counted (parsed, not keyed) unless
+    the job records them (``heraldps local`` and ``heraldps train`` write ``train_rows``)."""
     spec = job.data_spec()
     rows = job.train_rows
     if rows is None:
-        from heraldps.data import scan
+        from heraldps.data import count_rows
 
-        log.info("counting the rows of %s (a first pass; the job has no train_rows)", job.data)
-        rows = scan(spec).rows
+        log.info("counting the rows of %s (parsed only; the job has no train_rows)", job.data)
+        rows = count_rows(spec)
     return StreamedBatches(spec, rows, job.global_batch, job.iterations, job.epochs)
 
 

@@ -11,9 +11,16 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from heraldps import bundled
 from heraldps.data import SparseDataset
-from heraldps.data.global_batches import GlobalBatches, InMemoryBatches, StreamedBatches
+from heraldps.data.global_batches import (
+    GlobalBatches,
+    InMemoryBatches,
+    MiniBatchSizes,
+    StreamedBatches,
+)
 from heraldps.errors import CacheTooSmall, InvalidArgument
 from heraldps.modes import LOCATION_AWARE_MODES
 
@@ -55,15 +62,18 @@ def check_cache(
     modes: Iterable[str],
     epochs: int = 1,
     distinct_keys: int | None = None,
+    sizes: MiniBatchSizes | None = None,
 ) -> None:
     """Every worker's mini-batch must fit its cache, in every mode that will run.
 
-    The sequential partition (naive, on_demand, het) is checked from the data alone;
-    location-aware assignment depends on the caches, so every batch of every epoch of
-    those modes is planned once with the real scheduler core (what ``heraldps simulate``
-    does), without a cluster: one read of the data for all of them. Streamed batches
-    (``StreamedBatches``) carry their own passes and cap; ``distinct_keys`` then comes
-    from the first pass, for the message.
+    The sequential partition (naive, on_demand, het) is checked from the data alone: by
+    ``sizes``, gathered during the first pass (streamed runs), else by a pass over the
+    batches. Location-aware assignment depends on the caches, so every batch of every
+    epoch of those modes is planned with the real scheduler core (what ``heraldps
+    simulate`` does), without a cluster; unless no mini-batch can outgrow the cache at
+    all (``batch_size_per_worker`` x the most keys in one row fits it), which is exact and
+    costs nothing. Streamed batches (``StreamedBatches``) carry their own passes and cap;
+    ``distinct_keys`` then comes from the first pass, for the message.
     """
     from scheduler_service.simulate import largest_mini_batch, plan_modes
 
@@ -73,15 +83,22 @@ def check_cache(
         every_pass: GlobalBatches = InMemoryBatches(
             data, workers * batch_size_per_worker, iterations, epochs
         )
+        row_keys: int | None = int(np.diff(data.offsets).max(initial=0))
     else:
         assert isinstance(data, StreamedBatches)
         rows, distinct = data.rows, int(distinct_keys or 0)
         one_pass, every_pass = replace(data, epochs=1), data
+        row_keys = None if sizes is None else sizes.max_row_keys
     check_batches(rows, workers, batch_size_per_worker)
-    needed = largest_mini_batch(one_pass, workers, batch_size_per_worker, iterations)
+    if sizes is not None:
+        needed = sizes.largest(len(one_pass))
+    else:
+        needed = largest_mini_batch(one_pass, workers, batch_size_per_worker, iterations)
     if needed > cache_rows:
         raise cache_error(distinct, needed, cache_rows, "")
     planned = [mode for mode in modes if mode in LOCATION_AWARE_MODES]
+    if planned and row_keys is not None and batch_size_per_worker * row_keys <= cache_rows:
+        planned = []  # any mini-batch fits: no plan can need more than its rows' keys
     if planned:
         try:
             plan_modes(every_pass, workers, cache_rows, planned, expected_keys=distinct)

@@ -12,15 +12,15 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from heraldps.data import SparseDataset
-from heraldps.data.global_batches import GlobalBatches, InMemoryBatches
+from heraldps.data.global_batches import GlobalBatches, InMemoryBatches, mini_batch_sizes
 from heraldps.modes import PIPELINED_MODE
+from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import MODES, Scheduler
 
@@ -64,20 +64,6 @@ def _as_batches(
     return data
 
 
-def mini_batch_sizes(batch: SparseDataset, workers: int, batch_size_per_worker: int) -> int:
-    """Most distinct keys in one worker's mini-batch of ``batch`` (sequential partition):
-    one sort of (mini-batch, key) pairs."""
-    rows = workers * batch_size_per_worker
-    keys = batch.keys[: int(batch.offsets[rows])]
-    group = np.repeat(np.arange(rows, dtype=np.int64) // batch_size_per_worker,
-                      np.diff(batch.offsets[: rows + 1]))  # fmt: skip
-    order = np.lexsort((keys, group))
-    keys, group = keys[order], group[order]
-    first = np.ones(keys.shape[0], dtype=bool)
-    first[1:] = (keys[1:] != keys[:-1]) | (group[1:] != group[:-1])
-    return int(np.bincount(group[first], minlength=1).max())
-
-
 def largest_mini_batch(
     data: SparseDataset | GlobalBatches,
     workers: int,
@@ -89,12 +75,15 @@ def largest_mini_batch(
     A worker's cache must hold its whole mini-batch, so this is the smallest cache
     (rows) that naive, on-demand and HET runs accept; location-aware assignment is
     checked by planning (it depends on the caches). One pass over the batches that
-    will be trained (the first pass of a multi-epoch run: later passes repeat it).
-    """
+    will be trained (the first pass of a multi-epoch run: later passes repeat it); a
+    streamed run gets the same number from its first pass instead
+    (``heraldps.data.global_batches.MiniBatchSizes``)."""
     batches = _as_batches(data, workers, batch_size_per_worker, iterations)
     largest = 0
     for batch in batches.iter_from(0):
-        largest = max(largest, mini_batch_sizes(batch, workers, batch_size_per_worker))
+        rows = workers * batch_size_per_worker
+        sizes = mini_batch_sizes(batch.offsets[: rows + 1], batch.keys, batch_size_per_worker)
+        largest = max(largest, int(sizes.max(initial=0)))
     return largest
 
 
@@ -116,10 +105,43 @@ def plan_all(
     distinct keys, when known; 0: unknown) sizes the scheduler's key index and records
     up front (docs/scheduler.md, the cache mirror)."""
     batches = _as_batches(data, workers, batch_size_per_worker, iterations, epochs)
-    return plan_modes(batches, workers, capacity, (mode,), expected_keys=expected_keys)[mode]
+    scheduler = Scheduler(workers, capacity, mode, expected_keys=expected_keys)
+    _plan(scheduler, batches)
+    return scheduler
 
 
-Progress = Callable[[int, int], None]
+def _plan(
+    scheduler: Scheduler, batches: GlobalBatches, progress: Callable[[int, int], None] | None = None
+) -> float:
+    """Submit every batch to ``scheduler`` and finish it; the seconds spent planning
+    (reading the batches not included). ``progress(done, total)`` after each batch."""
+    workers = scheduler.num_workers
+    spent = 0.0
+    total = len(batches)
+    for t, part in enumerate(batches.iter_from(0)):
+        started = time.perf_counter()
+        scheduler.submit(Batch(t, part.offsets, part.keys, workers))
+        spent += time.perf_counter() - started
+        if progress is not None:
+            progress(t + 1, total)
+    started = time.perf_counter()
+    scheduler.finish()
+    return spent + time.perf_counter() - started
+
+
+def plan_groups(modes: Sequence[str]) -> list[tuple[str, ...]]:
+    """``modes`` grouped by the plans they make, in order: modes with the same partitioner
+    and sync planner (``MODES``) make the same plans batch after batch, so one scheduler
+    plans them all. Today that is herald and herald_pipelined, whose scheduler only marks
+    which of those pulls may go early (``plan_modes`` plans such a group with the pipelined
+    mode's scheduler, so its marks are counted too). Modes keep their order."""
+    groups: dict[tuple[type, type], list[str]] = {}
+    for mode in modes:
+        groups.setdefault(MODES[mode], []).append(mode)
+    return [tuple(g) for g in groups.values()]
+
+
+Progress = Callable[[str, int, int], None]
 
 
 def plan_modes(
@@ -128,35 +150,32 @@ def plan_modes(
     capacity: int,
     modes: Sequence[str],
     progress: Progress | None = None,
-    seconds: dict[str, float] | None = None,
     expected_keys: int = 0,
-) -> dict[str, Scheduler]:
-    """Plan every batch in each of ``modes``, reading the data once: each batch goes to
-    every mode's scheduler in turn. ``progress(done, total)`` after each batch;
-    ``seconds`` gets each mode's planning time; ``expected_keys`` sizes each scheduler."""
-    schedulers = {
-        mode: Scheduler(workers, capacity, mode, expected_keys=expected_keys) for mode in modes
-    }
-    spent = dict.fromkeys(modes, 0.0)
-    total = len(batches)
-    for t, part in enumerate(batches.iter_from(0)):
-        for mode, scheduler in schedulers.items():
-            started = time.perf_counter()
-            scheduler.submit(Batch(t, part.offsets, part.keys, workers))
-            spent[mode] += time.perf_counter() - started
-        if progress is not None:
-            progress(t + 1, total)
-    for mode, scheduler in schedulers.items():
-        started = time.perf_counter()
-        scheduler.finish()
-        spent[mode] += time.perf_counter() - started
-    if seconds is not None:
-        seconds.update(spent)
-    return schedulers
+) -> dict[str, tuple[Traffic, float]]:
+    """Plan every batch in each of ``modes``: each's counts and planning seconds.
+
+    One scheduler at a time, so memory holds one cache mirror, not one per mode; the
+    batches are read again for each group of modes that plan alike (``plan_groups``): the
+    price of that memory is a read of the data per group (4 for the 5 Herald modes).
+    ``progress(mode, done, total)`` after each batch; ``expected_keys`` sizes each
+    scheduler. ``CacheTooSmall`` as soon as a mini-batch does not fit."""
+    out: dict[str, tuple[Traffic, float]] = {}
+    for group in plan_groups(modes):
+        planner = PIPELINED_MODE if PIPELINED_MODE in group else group[0]
+        scheduler = Scheduler(workers, capacity, planner, expected_keys=expected_keys)
+        report = None if progress is None else partial(progress, "/".join(group))
+        seconds = _plan(scheduler, batches, report)
+        for mode in group:
+            counts = replace(scheduler.counts)
+            if mode != planner:  # the same plans, without the pipelined mode's marks
+                counts.early_pulls = 0
+            out[mode] = (counts, seconds)
+        del scheduler  # its mirror goes before the next group's is built
+    return {mode: out[mode] for mode in modes}
 
 
-def mode_counts(scheduler: Scheduler, seconds: float) -> dict[str, Any]:
-    c = scheduler.counts
+def mode_counts(counts: Traffic, seconds: float) -> dict[str, Any]:
+    c = counts
     return {
         "pulls": c.pulls,
         "pushes": c.pushes,
@@ -177,18 +196,18 @@ def simulate(
     distinct_keys: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Counts of every mode over one read of the data; ``capacity`` = floor(cache_fraction x
-    distinct keys). Streamed data gives its distinct-key count from the first pass."""
+    """Counts of every mode; ``capacity`` = floor(cache_fraction x distinct keys). Streamed
+    data gives its distinct-key count from the first pass. The modes are planned one
+    group after another (``plan_modes``), each over a new read of the data."""
     if distinct_keys is None:
         if not isinstance(data, SparseDataset):
             raise ValueError("simulate of streamed batches needs distinct_keys (the first pass)")
         distinct_keys = data.distinct_keys()
     capacity = config.cache_rows(distinct_keys)
     batches = config.batches(data)
-    seconds: dict[str, float] = {}
-    schedulers = plan_modes(batches, config.workers, capacity, list(MODES), progress, seconds,
-                            expected_keys=distinct_keys)  # fmt: skip
-    modes = {mode: mode_counts(schedulers[mode], seconds[mode]) for mode in MODES}
+    planned = plan_modes(batches, config.workers, capacity, list(MODES), progress,
+                         expected_keys=distinct_keys)  # fmt: skip
+    modes = {mode: mode_counts(*planned[mode]) for mode in MODES}
     rows = data.rows if isinstance(data, SparseDataset) else batches_rows(batches)
     return {
         "config": {**asdict(config), "cache_rows": capacity, "rows": rows,

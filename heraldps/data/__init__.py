@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from heraldps.data.dataset import SparseDataset, concat
 from heraldps.data.errors import DataError
-from heraldps.data.reader import DataProfile, batches, check, read_all, scan, stream
+from heraldps.data.reader import (
+    DataProfile,
+    batches,
+    check,
+    count_rows,
+    read_all,
+    scan,
+    stream,
+)
 from heraldps.data.sources import files_of
 from heraldps.data.spec import DENSE_TRANSFORMS, FORMATS, DataSpec, DenseStats
 
@@ -22,6 +30,7 @@ __all__ = [
     "batches",
     "check",
     "concat",
+    "count_rows",
     "files_of",
     "read_all",
     "scan",

@@ -224,8 +224,10 @@ class FileStream:
         batch_rows: int,
         label: str | None,
         limit: int | None = None,
+        threads: bool = CSV_THREADS,
     ) -> None:
         self.layout = layout
+        self.threads = threads  # text: pyarrow's own parsing threads
         self.types = types
         self.limit = limit  # records of this file the caller needs (None: all)
         self.block_size = block_size
@@ -270,7 +272,7 @@ class FileStream:
             for name, kind in self.types.items()
         }
         read = pacsv.ReadOptions(
-            use_threads=CSV_THREADS,
+            use_threads=self.threads,
             block_size=self.block_size,
             column_names=None if layout.header else list(layout.columns),
         )

@@ -542,7 +542,7 @@ def take_into(
 
 _INLINE = 16  # values up to this many bytes are cached (Criteo's and Avazu's all are)
 _FIRST_SLOTS = 1 << 12
-_MAX_SLOTS = 1 << 18  # 8 MB a column at 32 bytes a slot; a full table is cleared, not grown
+_MAX_SLOTS = 1 << 16  # 2 MB a column at 32 bytes a slot; a full table is cleared, not grown
 _FULL = -2
 
 
@@ -584,9 +584,14 @@ def _cached_strings(
     begin: int,
     keys: Keys,
     present: Mask,
+    missed: npt.NDArray[np.int64],
 ) -> int:  # pragma: no cover - compiled
     """Keys of cells ``begin..`` of a string array through ``table`` (slots of 4 words:
     value bytes 0-7, 8-15, length + 1 (0: empty slot), key), hashing only values not in it.
+    ``count[0]``: slots in use. When ``missed`` is not empty, the index of every cell whose
+    key was computed here (not found in the table) goes to ``missed[count[1]]`` and
+    ``count[1]`` grows: every distinct value of the column is among them the first time it
+    is seen.
 
     Returns -1 when done; the index of the first cell whose value has a NUL byte (nothing
     from there on is written); or ``_FULL - i`` when the table passed half full after
@@ -594,6 +599,7 @@ def _cached_strings(
     h = np.empty(8, dtype=np.uint64)
     m = np.empty(16, dtype=np.uint64)
     check = validity.shape[0] > 0
+    record = missed.shape[0] > 0
     mask = np.uint64(table.shape[0] - 1)
     shift = np.uint64(64 - _log2(table.shape[0]))
     limit = table.shape[0] // 2
@@ -612,6 +618,9 @@ def _cached_strings(
                 if data[p] == 0:
                     return i
             keys[i] = _blake2b64(prefix, data, start, stop, h, m)
+            if record:
+                missed[count[1]] = i
+                count[1] += 1
             continue
         w0 = _word(data, start, min(start + 8, stop))
         w1 = _word(data, start + 8, stop) if length > 8 else np.uint64(0)
@@ -628,6 +637,9 @@ def _cached_strings(
                 table[s, 2] = tag
                 table[s, 3] = np.uint64(key)
                 keys[i] = key
+                if record:
+                    missed[count[1]] = i
+                    count[1] += 1
                 count[0] += 1
                 if count[0] >= limit:
                     return _FULL - i
@@ -664,7 +676,7 @@ def _rehash(old: npt.NDArray[np.uint64], table: npt.NDArray[np.uint64]) -> int: 
 class KeyCache:
     """The keys of one sparse column's recent values: a compiled open-addressing table of
     (value up to 16 bytes -> key), so a value seen before costs a probe (tens of ns) instead
-    of a BLAKE2b (about 170 ns). It grows from 4k to 256k slots (8 MB) and is cleared when
+    of a BLAKE2b (about 170 ns). It grows from 4k to 64k slots (2 MB) and is cleared when
     full, so its memory is bounded whatever the file's size; keys are exact (a hit needs the
     same bytes), so the cache changes only the speed."""
 
@@ -672,19 +684,35 @@ class KeyCache:
         self.prefix = _prefix(column_index)
         self.column_index = column_index
         self.table = np.zeros((_FIRST_SLOTS, 4), dtype=np.uint64)
-        self.count = np.zeros(1, dtype=np.int64)
+        self.count = np.zeros(2, dtype=np.int64)  # slots in use, cells hashed (``missed``)
 
-    def fill(self, values: pa.Array, keys: Keys, present: Mask) -> int:
+    def fill(
+        self,
+        values: pa.Array,
+        keys: Keys,
+        present: Mask,
+        missed: npt.NDArray[np.int64] | None = None,
+    ) -> int:
         """Write the key and presence of every cell of a (large) string or binary array
         into ``keys``/``present`` (same length). Returns the index of the first cell with
-        a NUL byte (then the rest is not written), or -1."""
+        a NUL byte (then the rest is not written), or -1.
+
+        With ``missed`` (int64, as long as ``values``), the cells whose key was hashed
+        here, not found in the cache, are listed in ``missed[:n]`` and ``n`` is
+        ``self.missed()``: each distinct value of the column appears there at least the
+        first time it is filled, which is what an exact distinct count needs."""
         n = len(values)
+        self.count[1] = 0
         if n == 0:
             return -1
         if values.type not in _STRING_OFFSETS:
             k, p = column_keys(self.column_index, values)
             keys[:] = k
             present[:] = p
+            if missed is not None:
+                listed = np.flatnonzero(p)
+                missed[: listed.shape[0]] = listed
+                self.count[1] = listed.shape[0]
             return -1
         bufs = values.buffers()
         offsets = _buffer(bufs[1], _STRING_OFFSETS[values.type])
@@ -705,12 +733,17 @@ class KeyCache:
                     begin,
                     keys,
                     present,
+                    _NO_CELLS if missed is None else missed,
                 )
             )
             if status > _FULL:
                 return status
             begin = _FULL - status + 1
             self._make_room()
+
+    def missed(self) -> int:
+        """How many cells the last ``fill`` listed in its ``missed``."""
+        return int(self.count[1])
 
     def _make_room(self) -> None:
         slots = self.table.shape[0]
@@ -721,3 +754,6 @@ class KeyCache:
         table = np.zeros((min(slots * 4, _MAX_SLOTS), 4), dtype=np.uint64)
         self.count[0] = _rehash(self.table, table)
         self.table = table
+
+
+_NO_CELLS = np.empty(0, dtype=np.int64)

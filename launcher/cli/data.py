@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from heraldps.bundled import PREFIX
 
 if TYPE_CHECKING:
-    from heraldps.data import DataProfile, DataSpec
+    from heraldps.data import DataProfile, DataSpec, SparseDataset
 
 BUNDLED_TRAIN = f"{PREFIX}criteo_head8k"
 
@@ -115,12 +116,35 @@ def parse_transforms(
     return tuple(chosen.get(c, d) for c, d in zip(columns, defaults, strict=True))
 
 
-def first_pass(spec: DataSpec, what: str = "reading") -> DataProfile:
+def first_pass(
+    spec: DataSpec,
+    what: str = "reading",
+    *,
+    profile_rows: int | None = None,
+    on_chunk: Callable[[SparseDataset], None] | None = None,
+) -> DataProfile:
     """``check`` then ``scan`` of ``spec``: every error in the data before any process
-    starts, with a progress line on stderr every few seconds on long files."""
+    starts, with a progress line on stderr every few seconds on long files.
+    ``profile_rows`` and ``on_chunk`` as in ``scan`` (a training split's profile from a
+    pass that checks every row; more numbers from the same pass)."""
     from heraldps.data import check, scan
 
     check(spec)
+    return scan(spec, progress=progress_line(what), profile_rows=profile_rows, on_chunk=on_chunk)
+
+
+def count_rows(spec: DataSpec) -> int:
+    """``check`` then the rows of ``spec``, by parsing alone (``heraldps.data.count_rows``),
+    with progress lines on long files."""
+    from heraldps.data import check
+    from heraldps.data import count_rows as count
+
+    check(spec)
+    return count(spec, progress=progress_line("counting rows"))
+
+
+def progress_line(what: str) -> Callable[[int, int, int], None]:
+    """A reader's ``progress(rows, bytes_done, bytes_total)``: a line on stderr every 5 s."""
     started = last = time.monotonic()
 
     def progress(rows: int, done: int, total: int) -> None:
@@ -135,4 +159,4 @@ def first_pass(spec: DataSpec, what: str = "reading") -> DataProfile:
         rate = rows / max(now - started, 1e-9)
         print(f"{what}: {rows:,} rows{share}, {rate:,.0f} rows/s", file=sys.stderr, flush=True)
 
-    return scan(spec, progress=progress)
+    return progress

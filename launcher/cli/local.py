@@ -16,7 +16,7 @@ from launcher.cli.data import add_data_arguments
 
 if TYPE_CHECKING:
     from heraldps.data import DataSpec
-    from heraldps.data.global_batches import StreamedBatches
+    from heraldps.data.global_batches import MiniBatchSizes, StreamedBatches
     from worker_client.job import TrainingJob
 
 
@@ -208,26 +208,30 @@ def network_line(args: argparse.Namespace) -> str:
 @dataclass(frozen=True)
 class Splits:
     """What a run trains on and evaluates: the job (its data spec, first-pass numbers
-    recorded), the training batches, streamed, and the held-out data's spec."""
+    recorded), the training batches, streamed, and the held-out data's spec; and what the
+    first pass found about the batches' mini-batches (for the cache check)."""
 
     job: TrainingJob
     train: StreamedBatches
     held_out: DataSpec
     held_out_rows: int
     distinct_keys: int
+    sizes: MiniBatchSizes
 
 
 def splits(args: argparse.Namespace, job: TrainingJob) -> Splits:
-    """The training and held-out data as the flags ask, read once in a first pass that
-    checks every row and records what the job needs (row count, dense statistics).
-    Without --eval-data the last --eval-fraction of --data is held out: a first pass
-    counts the rows, and the job trains on the rows before the cut."""
+    """The training and held-out data as the flags ask, read in one first pass that checks
+    every row and records what the job needs (row count, distinct keys, dense statistics,
+    each mini-batch's distinct keys). Without --eval-data the last --eval-fraction of --data
+    is held out: the rows are counted first by parsing alone (a Parquet file's footer has
+    the count), then the first pass reads every row, profiling the rows before the cut
+    and checking those after it; the job trains on the rows before the cut."""
     from heraldps.bundled import bundled_data
-    from heraldps.data.global_batches import StreamedBatches
+    from heraldps.data.global_batches import MiniBatchSizes, StreamedBatches
     from heraldps.errors import InvalidArgument
-    from launcher.cli.data import BUNDLED_TRAIN, first_pass
+    from launcher.cli.data import BUNDLED_TRAIN, count_rows, first_pass
 
-    spec, total = job.data_spec(), 0
+    spec, total, cut = job.data_spec(), 0, None
     if args.data == BUNDLED_TRAIN and args.eval_data is None:
         held_out_source, start = str(bundled_data()[1]), 0
     elif args.eval_data is not None:
@@ -235,21 +239,25 @@ def splits(args: argparse.Namespace, job: TrainingJob) -> Splits:
     else:
         if not 0 < args.eval_fraction < 1:
             raise InvalidArgument("--eval-fraction must be between 0 and 1 (or give --eval-data)")
-        total = first_pass(spec, "counting rows").rows
+        total = count_rows(spec)
         cut = total - max(1, int(total * args.eval_fraction))
         job = replace(job, max_rows=cut)
         held_out_source, start = job.data, cut
-    profile = first_pass(job.data_spec(), "first pass")
+    sizes = MiniBatchSizes(job.workers, job.batch_size_per_worker)
+    # Without --eval-data, one pass over every row: the training rows profiled, the held-out
+    # rows after them checked.
+    profile = first_pass(spec if cut is not None else job.data_spec(), "first pass",
+                         profile_rows=cut, on_chunk=sizes)  # fmt: skip
     stats = tuple(s.to_dict() for s in profile.dense_stats)
     job = replace(job, dense_stats=stats or None, train_rows=profile.rows,
                   distinct_keys=profile.total_distinct_keys,
                   dense_transforms=job.data_spec().transforms() or None)  # fmt: skip
     held_out = job.data_spec(held_out_source, start_row=start)
-    # A held-out split of --data was checked by the counting pass; another file is read now.
+    # A held-out split of --data was checked by the first pass; another file is read now.
     held_out_rows = total - start if start else first_pass(held_out, "held-out data").rows
     train = StreamedBatches(job.data_spec(), profile.rows, job.global_batch, job.iterations,
                             job.epochs)  # fmt: skip
-    return Splits(job, train, held_out, held_out_rows, profile.total_distinct_keys)
+    return Splits(job, train, held_out, held_out_rows, profile.total_distinct_keys, sizes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -293,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     job, train, held_out = data.job, data.train, data.held_out
     job = replace(job, cache_rows=cache_rows_for(data.distinct_keys, args.cache_fraction))
     check_cache(train, job.workers, job.batch_size_per_worker, job.cache_rows, job.iterations,
-                modes, job.epochs, distinct_keys=data.distinct_keys)  # fmt: skip
+                modes, job.epochs, distinct_keys=data.distinct_keys, sizes=data.sizes)  # fmt: skip
     console = Console()
     if not console.is_terminal:
         console.width = 100  # logs and CI: the summary table fits; --wide may wrap

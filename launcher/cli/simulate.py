@@ -32,13 +32,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from heraldps.data.global_batches import StreamedBatches
+    from heraldps.data.global_batches import MiniBatchSizes, StreamedBatches
     from heraldps.errors import CacheTooSmall
     from launcher.cli.data import first_pass, spec_of
     from launcher.preflight import cache_error, check_cache, check_columns
+    from scheduler_service.scheduler import MODES
     from scheduler_service.simulate import (
         SimulationConfig,
         early_line,
+        plan_groups,
         simulate,
         table,
         write_json,
@@ -47,7 +49,10 @@ def run(args: argparse.Namespace) -> int:
     columns = names(args.sparse_columns)
     check_columns(args.data, args.format, columns)
     spec = spec_of(args)
-    profile = first_pass(spec)
+    # One first pass: every row checked, the distinct keys counted and each mini-batch's
+    # distinct keys measured (the cache check), so no pass of its own before planning.
+    sizes = MiniBatchSizes(args.workers, args.batch_size_per_worker)
+    profile = first_pass(spec, on_chunk=sizes)
     config = SimulationConfig(
         args.data, args.format, args.workers, args.batch_size_per_worker,
         args.cache_fraction, args.iterations,
@@ -56,16 +61,18 @@ def run(args: argparse.Namespace) -> int:
                               args.iterations)  # fmt: skip
     capacity = config.cache_rows(profile.total_distinct_keys)
     check_cache(batches, args.workers, args.batch_size_per_worker, capacity, args.iterations, (),
-                distinct_keys=profile.total_distinct_keys)  # fmt: skip
+                distinct_keys=profile.total_distinct_keys, sizes=sizes)  # fmt: skip
+    groups = ["/".join(g) for g in plan_groups(list(MODES))]
     started = last = time.monotonic()
 
-    def progress(done: int, total: int) -> None:
+    def progress(modes: str, done: int, total: int) -> None:
         nonlocal last
         now = time.monotonic()
         if now - last >= 5 or (done == total and now - started >= 5):
             last = now
-            print(f"planning: batch {done:,} of {total:,} in every mode", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            read = groups.index(modes) + 1
+            print(f"planning {modes.replace('/', ' and ')} (read {read} of {len(groups)} of the "
+                  f"data): batch {done:,} of {total:,}", file=sys.stderr, flush=True)  # fmt: skip
 
     try:
         result = simulate(batches, config, profile.total_distinct_keys, progress)

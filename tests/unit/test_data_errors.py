@@ -151,8 +151,10 @@ def test_avazu_read_as_criteo_suggests_avazu() -> None:
 
 
 def test_a_problem_deep_in_a_file_stops_the_stream_with_its_line(tmp_path: Path) -> None:
-    lines = [criteo_line(str(i % 2), "1", f"v{i % 50}") for i in range(30_000)]
-    lines[25_000] = criteo_line("3", "1", "x")
+    # Past the first 65,536 rows, the reader's unit of conversion: the chunks before it come
+    # out, then the stream stops at the bad line.
+    lines = [criteo_line(str(i % 2), "1", f"v{i % 50}") for i in range(80_000)]
+    lines[70_000] = criteo_line("3", "1", "x")
     lines.insert(100, "\n")  # a blank line before it
     path = tmp_path / "long.tsv"
     path.write_text("".join(lines))
@@ -160,12 +162,12 @@ def test_a_problem_deep_in_a_file_stops_the_stream_with_its_line(tmp_path: Path)
     check(spec)  # the first chunk is fine
     rows = 0
     with pytest.raises(
-        DataError, match=r"long\.tsv:25002:1: label 'label' is '3'; labels must be 0 or 1"
+        DataError, match=r"long\.tsv:70002:1: label 'label' is '3'; labels must be 0 or 1"
     ):
         for chunk in stream(spec, batch_rows=4096):
             rows += chunk.rows
-    assert 0 < rows <= 25_000
-    with pytest.raises(DataError, match=r"long\.tsv:25002:1"):
+    assert 0 < rows <= 70_000 and rows % 4096 == 0
+    with pytest.raises(DataError, match=r"long\.tsv:70002:1"):
         scan(spec)
 
 

@@ -119,7 +119,9 @@ MEMORY_PROBE = textwrap.dedent(
     rows, peak, base = 0, 0, 0
     for number, chunk in enumerate(stream(DataSpec(sys.argv[1]), batch_rows=8192)):
         rows += chunk.rows
-        if number == 3:  # steady state: the prefetch thread and pyarrow's pool are up
+        # Steady state: two of the reader's 65,536-row conversions done, the prefetch
+        # thread a chunk ahead, pyarrow's pool and the converter threads up.
+        if number == 2 * 65_536 // 8192:
             base = rss()
         peak = max(peak, rss())
     print(rows, base, peak)
