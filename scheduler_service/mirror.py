@@ -27,8 +27,9 @@ record access per distinct key plus sequential ring and list writes per
 Capacity and growth (what the job knows sizes the structures up front):
 
 - ``expected_keys`` (the job's keyset size or a first pass's distinct-key count;
-  0 when unknown) sizes the key index and the records, so a run that sees no more
-  keys never rehashes or copies them. Past it, both double (one O(keys) copy each,
+  0 when unknown), capped at what the caches can hold (workers x capacity, plus an
+  eighth for a batch's new keys), sizes the key index and the records, so a run that
+  sees no more keys never rehashes or copies them. Past it, both double (one O(keys) copy each,
   amortized O(1) per key).
 - A key no worker caches any more is forgotten (``forget``): index entry and record
   go, and a new key reuses its kid. The mirror holds the keys the caches hold, plus
@@ -89,8 +90,11 @@ class CacheMirror:
         self.num_workers = num_workers
         self.capacity = capacity
         self.expected_keys = expected_keys
-        self.index = KeyIndex(expected_keys)
-        rows = max(expected_keys, _MIN_ROWS)
+        # The mirror never holds more keys than the caches can (plus a batch's: an eighth
+        # more), whatever the data's vocabulary: a hint past that would only waste index.
+        sized = min(expected_keys, num_workers * capacity + num_workers * capacity // 8)
+        self.index = KeyIndex(sized)
+        rows = max(sized, _MIN_ROWS)
         records = hostmem.zeros((rows, kernels.RECORD_FIELDS), np.uint64)
         self._set_records(records, hostmem.zeros((rows,), np.int64))
         self.rings = List([np.zeros(_MIN_RING, np.int32) for _ in range(num_workers)])

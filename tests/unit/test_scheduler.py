@@ -300,8 +300,13 @@ def test_rings_and_records_grow_and_still_equal_the_reference() -> None:
 
 
 def test_expected_keys_sizes_the_mirror_up_front() -> None:
-    s = Scheduler(2, 10, "herald", expected_keys=100_000)
+    """The hint sizes the index and records, up to what the caches can hold at once."""
+    s = Scheduler(2, 60_000, "herald", expected_keys=100_000)
     assert s.mirror.holders.shape[0] >= 100_000
+    assert s.mirror.index.slots.shape[0] >= 2 * 100_000
+    small = Scheduler(2, 10_000, "herald", expected_keys=10_000_000)  # caches hold 20,000
+    assert 22_500 <= small.mirror.holders.shape[0] < 100_000
+    assert small.mirror.index.slots.shape[0] < 200_000
     with pytest.raises(InvalidArgument, match="expected keys"):
         Scheduler(2, 10, "herald", expected_keys=-1)
 
