@@ -100,38 +100,6 @@ def _resolve(
 
 
 @njit(nogil=True)
-def _insert_absent(
-    slots: npt.NDArray[np.int64],
-    keys: npt.NDArray[np.int64],
-    hints: npt.NDArray[np.int64],
-    next_row: int,
-    out: npt.NDArray[np.int64],
-    free: npt.NDArray[np.int64],
-    nfree: int,
-) -> tuple[int, int]:  # pragma: no cover - compiled
-    """Insert distinct ``keys`` known to be absent, each probing on from ``hints[i]`` (the
-    empty slot where its lookup ended; an earlier key of this call may have taken it).
-    Rows as in :func:`_resolve`; returns (next row, free rows left)."""
-    n = keys.shape[0]
-    for i in range(min(PREFETCH_DISTANCE, n)):
-        prefetch(slots, hints[i])
-    for i in range(n):
-        if i + PREFETCH_DISTANCE < n:
-            prefetch(slots, hints[i + PREFETCH_DISTANCE])
-        s = probe_from(slots, keys[i], np.uint64(hints[i]))
-        slots[s, 0] = keys[i]
-        if nfree:
-            nfree -= 1
-            row = free[nfree]
-        else:
-            row = next_row
-            next_row += 1
-        slots[s, 1] = row
-        out[i] = row
-    return next_row, nfree
-
-
-@njit(nogil=True)
 def _remove_keys(
     slots: npt.NDArray[np.int64],
     keys: npt.NDArray[np.int64],
@@ -284,21 +252,6 @@ class KeyIndex:
         self._took(int(rows), int(nfree))
         return out
 
-    def insert_absent(
-        self, keys: npt.NDArray[np.int64], hints: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.int64]:
-        """Rows for distinct ``keys`` that a lookup of the current :attr:`slots` did not
-        find; ``hints[i]``: the empty slot where that lookup ended (``probe``). Only valid
-        while no insert or remove has changed the slots since: call :meth:`reserve` before
-        the lookups. Saves the second hash probe of :meth:`insert`."""
-        if self._size + keys.shape[0] > self._slots.shape[0] // 2:
-            raise ValueError("insert_absent past the reserved rows: reserve() first")
-        out = np.empty(keys.shape[0], dtype=np.int64)
-        rows, nfree = _insert_absent(self._slots, keys, hints, self._rows, out, self._free,
-                                     self._nfree)  # fmt: skip
-        self._took(int(rows), int(nfree))
-        return out
-
     def remove(self, keys: npt.NDArray[np.int64]) -> int:
         """Drop distinct ``keys`` (absent ones are ignored); their rows go to new keys.
         Returns how many were present."""
@@ -316,10 +269,6 @@ class KeyIndex:
     def _took(self, rows: int, nfree: int) -> None:
         self._size += (rows - self._rows) + (self._nfree - nfree)
         self._rows, self._nfree = rows, nfree
-
-    def reserve(self, rows: int) -> None:
-        """Room for ``rows`` keys in all: the slots are not replaced until more come."""
-        self._reserve(rows)
 
     def _reserve(self, rows: int) -> None:
         if 2 * rows <= self._slots.shape[0]:

@@ -18,7 +18,6 @@ import numpy as np
 
 from heraldps.atomic import atomic_and
 from heraldps.jit import njit
-from heraldps.keyindex import home, probe_from
 from heraldps.prefetch import prefetch
 
 PREFETCH_DISTANCE = 64  # keys ahead: 64 beat 16 and 32 in every stage (docs/figures.md)
@@ -101,70 +100,6 @@ def local_ids(keys, table, gen, lids, start):  # type: ignore[no-untyped-def]  #
             nb += 1
         lids[start + i] = table[s, 1] & _LOW32
     return uniq[:nb]
-
-
-@njit(nogil=True)
-def merge_local_ids(table, gen, first, second, lids, start):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Join the numbering of a batch's second half (``second``, its lids at
-    ``lids[start:]``) to the first's (``first``, in ``table`` under ``gen``): keys the first
-    half has keep its number, the others follow in their order. Returns the batch's
-    distinct keys."""
-    nfirst = first.shape[0]
-    mask = np.uint64(table.shape[0] - 1)
-    remap = np.empty(second.shape[0], dtype=np.int64)
-    uniq = np.empty(nfirst + second.shape[0], dtype=np.int64)
-    uniq[:nfirst] = first
-    nb = nfirst
-    m = second.shape[0]
-    for j in range(min(PREFETCH_DISTANCE, m)):
-        prefetch(table, mix(second[j]) & mask)
-    for j in range(m):
-        if j + PREFETCH_DISTANCE < m:
-            prefetch(table, mix(second[j + PREFETCH_DISTANCE]) & mask)
-        k = second[j]
-        s = mix(k) & mask
-        while (table[s, 1] >> 32) == gen and table[s, 0] != k:
-            s = (s + np.uint64(1)) & mask
-        if (table[s, 1] >> 32) == gen:
-            remap[j] = table[s, 1] & _LOW32
-        else:
-            remap[j] = nb
-            uniq[nb] = k
-            nb += 1
-    for i in range(start, lids.shape[0]):
-        lids[i] = remap[lids[i]]
-    return uniq[:nb]
-
-
-@njit(nogil=True)
-def key_rows(slots, uniq, holders, info, hold, first, last):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Fill ``info[first:last]`` (KID, KEY, HOLDERS) for the batch's distinct
-    keys ``uniq[first:last]``, looked up in a ``KeyIndex``'s ``slots`` (read only, so two
-    ranges may run at once). A key not registered yet gets no holders and, as its KID,
-    ``-(s + 1)`` for the empty slot s where its lookup ended (``KeyIndex.insert_absent``
-    inserts it there). Two prefetch levels: the index slot 2 x 16 keys ahead, the record (which
-    needs the slot's kid) 16 ahead."""
-    ahead = PREFETCH_DISTANCE
-    for i in range(first, min(first + 2 * ahead, last)):
-        prefetch(slots, home(slots, uniq[i]))
-    for i in range(first, min(first + ahead, last)):
-        s = probe_from(slots, uniq[i], home(slots, uniq[i]))
-        info[i, KID] = slots[s, 1] if slots[s, 1] >= 0 else -np.int64(s) - 1
-        if slots[s, 1] >= 0:
-            prefetch(holders, slots[s, 1])
-    for i in range(first, last):
-        j = i + ahead
-        if j + ahead < last:
-            prefetch(slots, home(slots, uniq[j + ahead]))
-        if j < last:
-            s = probe_from(slots, uniq[j], home(slots, uniq[j]))
-            info[j, KID] = slots[s, 1] if slots[s, 1] >= 0 else -np.int64(s) - 1
-            if slots[s, 1] >= 0:
-                prefetch(holders, slots[s, 1])
-        k = np.int64(info[i, KID])
-        info[i, KEY] = uniq[i]
-        info[i, HOLDERS] = holders[k] if k >= 0 else np.uint64(0)
-        hold[i] = info[i, HOLDERS]
 
 
 @njit(nogil=True)

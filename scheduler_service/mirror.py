@@ -43,9 +43,6 @@ Capacity and growth (what the job knows sizes the structures up front):
 
 from __future__ import annotations
 
-import itertools
-from functools import partial
-
 import numpy as np
 import numpy.typing as npt
 from numba.typed import List
@@ -55,14 +52,11 @@ from heraldps.errors import InvalidArgument
 from heraldps.keyindex import KeyIndex
 from heraldps.modes import MAX_WORKERS
 from scheduler_service import kernels
-from scheduler_service.split import run_pieces
 
 MAX_CAPACITY = 2**30  # rows per worker cache: a ring of int32 kids of this size is 4 GiB
 _MIN_ROWS = 1024
 _MIN_TABLE = 1024
 _MIN_RING = 1024
-PARALLEL_KEYS = 65_536  # batches with fewer keys (distinct keys) number (look up) on one thread
-PIECES = 4  # pieces of a split stage (``split.run_pieces``): the two threads balance them
 
 
 def _empty_local(size: int) -> npt.NDArray[np.int64]:
@@ -100,9 +94,9 @@ class CacheMirror:
         self.rings = List([np.zeros(_MIN_RING, np.int32) for _ in range(num_workers)])
         self.heads = np.zeros(num_workers, np.int64)
         self.used = np.zeros(num_workers, np.int64)
-        self._local = [_empty_local(_MIN_TABLE), _empty_local(_MIN_TABLE)]
-        self._distinct = [0, 0]  # distinct keys the scratch tables saw last
-        self._gen = 0  # generation of the scratch tables' live entries (0: none)
+        self._local = _empty_local(_MIN_TABLE)
+        self._distinct = 0  # distinct keys the scratch table saw last
+        self._gen = 0  # generation of the scratch table's live entries (0: none)
         self._scratch: dict[str, npt.NDArray[np.int64]] = {}
         self.samples_seen = 0
         self.batches_seen = 0
@@ -110,111 +104,48 @@ class CacheMirror:
 
     # ----- keys ----------------------------------------------------------------
     def local_ids(
-        self, keys: npt.NDArray[np.int64], parallel: bool = True
+        self, keys: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(local id of every key, the batch's distinct keys in first-occurrence order).
 
-        A big batch is numbered in two halves at once (when ``parallel``: the helper
-        thread is idle), then the second half's numbers are joined to the first's
-        (``kernels.merge_local_ids``)."""
+        One thread: numbering two halves at once and joining them cost more than they
+        saved on our 2-core VM (docs/figures.md#scheduler-at-64-workers)."""
         n = keys.shape[0]
         lids = self.scratch("lids", n)
-        self._gen += 1  # every scratch table's old entries now count as empty
-        if self._gen == 2**31:  # generations wrap: clear the tables once
-            self._local = [_empty_local(t.shape[0]) for t in self._local]
+        self._gen += 1  # the scratch table's old entries now count as empty
+        if self._gen == 2**31:  # generations wrap: clear the table once
+            self._local = _empty_local(self._local.shape[0])
             self._gen = 1
-        if n < PARALLEL_KEYS or not parallel:
-            return lids, self._number(0, keys, lids, 0)
-        half = n // 2
-        self._size_local(0)
-        self._size_local(1)
-        tables, gen = self._local, self._gen
-        first, second = run_pieces([
-            partial(kernels.local_ids, keys[:half], tables[0], gen, lids, 0),
-            partial(kernels.local_ids, keys[half:], tables[1], gen, lids, half),
-        ])  # fmt: skip
-        if not first.shape[0] and half:  # a half overflowed its table: number it here
-            first = self._number(0, keys[:half], lids, 0, overflowed=True)
-        else:
-            self._distinct[0] = first.shape[0]
-        if second.shape[0] or not n - half:
-            self._distinct[1] = second.shape[0]
-        else:
-            second = self._number(1, keys[half:], lids, half, overflowed=True)
-        uniq = kernels.merge_local_ids(self._local[0], gen, first, second, lids, half)
+        want = max(_MIN_TABLE, _pow2_at_least(3 * self._distinct))
+        if not want // 2 <= self._local.shape[0] <= 2 * want:  # load about 1/3, kept in 2x
+            self._local = _empty_local(want)
+        while True:  # double until the keys fit (at most half the slots)
+            uniq: npt.NDArray[np.int64] = kernels.local_ids(keys, self._local, self._gen, lids, 0)
+            if uniq.shape[0] or not n:
+                break
+            self._local = _empty_local(2 * self._local.shape[0])
+        self._distinct = uniq.shape[0]
         return lids, uniq
 
-    def _size_local(self, which: int) -> None:
-        """Scratch table ``which`` at load about 1/3 for as many keys as it saw last
-        (kept while within 2x of that)."""
-        want = max(_MIN_TABLE, _pow2_at_least(3 * self._distinct[which]))
-        if not want // 2 <= self._local[which].shape[0] <= 2 * want:
-            self._local[which] = _empty_local(want)
-
-    def _number(
-        self, which: int, keys: npt.NDArray[np.int64], lids: npt.NDArray[np.int64], start: int,
-        overflowed: bool = False,
-    ) -> npt.NDArray[np.int64]:  # fmt: skip
-        """``kernels.local_ids`` on scratch table ``which`` (:meth:`_size_local`), doubled
-        until the keys fit. A table a numbering ``overflowed`` holds entries of this
-        generation: it is replaced, twice the size."""
-        if overflowed:
-            self._local[which] = _empty_local(2 * self._local[which].shape[0])
-        else:
-            self._size_local(which)
-        while True:
-            uniq: npt.NDArray[np.int64] = kernels.local_ids(
-                keys, self._local[which], self._gen, lids, start
-            )
-            if uniq.shape[0] or not keys.shape[0]:
-                break
-            self._local[which] = _empty_local(2 * self._local[which].shape[0])
-        self._distinct[which] = uniq.shape[0]
-        return uniq
-
     def key_rows(
-        self, uniq: npt.NDArray[np.int64], parallel: bool = True
+        self, uniq: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-        """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``) of the
-        batch's distinct keys, registering new keys (kids in first-occurrence order), and
-        ``hold``, a compact copy of the HOLDERS column for the partition.
+        """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``) of the batch's distinct
+        keys, registering new keys (kids in first-occurrence order, or forgotten ones
+        reused), and ``hold``, a compact copy of the HOLDERS column for the partition.
 
-        A big batch (when ``parallel``) is looked up first, in pieces on two threads (one
-        compiled call each); the keys not found are then inserted on this thread, the only
-        one that changes the index, each at the slot where its lookup ended."""
+        One thread: one insert pass over the index, then one pass over the records (two
+        threads, looking up in pieces and inserting the new keys after, were slower on
+        our 2-core VM)."""
         nb = uniq.shape[0]
         fields = kernels.INFO_FIELDS
         info = self.scratch("info", fields * nb).view(np.uint64).reshape(nb, fields)
         hold = self.scratch("hold", nb).view(np.uint64)
-        if nb < PARALLEL_KEYS or not parallel:  # one thread: register, then look up
-            added = np.zeros(nb, dtype=bool)
-            kids = self.index.insert(uniq, added)
-            self._reserve_records()
-            kernels.rows_of_kids(kids, uniq, added, self.holders, self.key_of, info, hold)
-            return info, hold
-        self.index.reserve(len(self.index) + nb)  # the lookups' slots stay valid
-        slots, holders = self.index.slots, self.holders
-        bounds = np.linspace(0, nb, PIECES + 1).astype(int).tolist()
-        run_pieces([
-            partial(kernels.key_rows, slots, uniq, holders, info, hold, a, b)
-            for a, b in itertools.pairwise(bounds)
-        ])  # fmt: skip
-        kids = info[:, kernels.KID].view(np.int64)
-        missing = np.flatnonzero(kids < 0)
-        if missing.shape[0]:
-            new_keys = uniq[missing]
-            fresh = self.index.insert_absent(new_keys, -kids[missing] - 1)
-            self._register(fresh, new_keys)
-            info[missing, kernels.KID] = fresh.astype(np.uint64)
-        return info, hold
-
-    def _register(self, kids: npt.NDArray[np.int64], keys: npt.NDArray[np.int64]) -> None:
-        """Records for keys the index just gave ``kids`` (new rows, or rows the mirror
-        forgot, which :meth:`forget` left all zero: no holder, not cached, no owner)."""
-        if not keys.shape[0]:
-            return
+        added = np.zeros(nb, dtype=bool)
+        kids = self.index.insert(uniq, added)
         self._reserve_records()
-        self.key_of[kids] = keys
+        kernels.rows_of_kids(kids, uniq, added, self.holders, self.key_of, info, hold)
+        return info, hold
 
     def _reserve_records(self) -> None:
         """Records (and keys) for every kid the index has handed out; they double."""

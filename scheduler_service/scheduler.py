@@ -31,7 +31,7 @@ from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
-from scheduler_service.mirror import PARALLEL_KEYS, PIECES, CacheMirror
+from scheduler_service.mirror import CacheMirror
 from scheduler_service.split import HELPER, helper_idle, run_pieces
 
 
@@ -291,9 +291,9 @@ class Scheduler:
         check_next_batch(batch, n, self.next_iteration)
         clock = _StageClock(self.stage_seconds)
         parallel = helper_idle()  # asked once per batch: is a core free for the helper?
-        lids, uniq = mirror.local_ids(batch.keys, parallel)
+        lids, uniq = mirror.local_ids(batch.keys)
         clock.lap("local_ids")
-        info, hold = mirror.key_rows(uniq, parallel)
+        info, hold = mirror.key_rows(uniq)
         clock.lap("key_rows")
         scratch = mirror.scratch("partition", info.shape[0])
         assignment, (wl_offsets, trainers) = self.partitioner.assign(
@@ -394,7 +394,9 @@ class Scheduler:
         return released
 
 
+PARALLEL_KEYS = 65_536  # batches with fewer key occurrences (distinct keys) use one thread
 PARALLEL_PAIRS = 32_768  # below this many (key, worker) pairs, one thread is faster
+PIECES = 4  # pieces of a split stage (``split.run_pieces``): the two threads balance them
 
 
 def _touch_keys(

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heraldps.keyindex import KeyIndex, SlotMap, distinct, probe
+from heraldps.keyindex import KeyIndex, SlotMap, distinct
 
 int64s = st.integers(-(2**63), 2**63 - 1)
 
@@ -67,27 +66,6 @@ def test_slot_map_against_a_dict() -> None:
         assert len(slot_map) == len(reference)
 
 
-def test_insert_absent_takes_the_slots_the_lookups_ended_at() -> None:
-    """Lookups of absent keys end at empty slots; inserting there gives the same rows as
-    ``insert``, also when two absent keys ended at the same slot."""
-    rng = np.random.default_rng(5)
-    present = rng.choice(2**40, 3000, replace=False)
-    absent = rng.choice(2**40, 2000, replace=False) + 2**41
-    index = KeyIndex()
-    index.insert(present)
-    index.reserve(len(index) + absent.shape[0])
-    slots = index.slots
-    hints = np.array([int(probe(slots, np.int64(k))) for k in absent], dtype=np.int64)
-    assert len(set(hints.tolist())) < absent.shape[0]  # some lookups ended at one slot
-    assert index.slots is slots  # reserve() already made the room
-    rows = index.insert_absent(absent, hints)
-    assert rows.tolist() == list(range(3000, 5000))
-    assert index.lookup(absent).tolist() == rows.tolist()
-    assert index.lookup(present).tolist() == list(range(3000))
-    with pytest.raises(ValueError, match="reserve"):
-        index.insert_absent(np.arange(10**6, dtype=np.int64), np.zeros(10**6, np.int64))
-
-
 def test_removed_keys_free_their_rows_for_new_keys() -> None:
     """Removing keys frees their rows; new keys take them (last freed first) before any
     new row, so rows stay below the most keys held at once; lookups stay exact."""
@@ -106,8 +84,6 @@ def test_removed_keys_free_their_rows_for_new_keys() -> None:
     assert index.lookup(new).tolist() == rows.tolist()
     assert index.lookup(first[40:]).tolist() == list(range(40, 100))
     index.remove(new[:5])
-    index.reserve(len(index) + 5)
-    hints = np.array([int(probe(index.slots, np.int64(k))) for k in new[:5]], np.int64)
-    again = index.insert_absent(new[:5], hints)
+    again = index.insert(new[:5])
     assert sorted(again.tolist()) == sorted(rows[:5].tolist())
     assert index.lookup(new).tolist() == [*again.tolist(), *rows[5:].tolist()]
