@@ -61,30 +61,27 @@ INFO_FIELDS = 3
 
 
 @njit(nogil=True)
-def local_ids(keys, table, gen, lids, start):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Number the distinct keys of ``keys`` in order of first occurrence, writing each
-    key's number to ``lids[start + i]``.
+def local_ids(keys, first, last, table, gen, lids, uniq, nb):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Number the distinct keys of ``keys[first:last]`` in order of first occurrence,
+    after the ``nb`` keys already numbered (``uniq[:nb]``): each key's number goes to
+    ``lids[i]``, each new key to ``uniq``. Returns the keys numbered now; -1 when more
+    than S / 2 distinct keys came (renumber from the start with 2 S: the same numbers).
 
     ``table`` is a ``[S, 2]`` scratch table of (key, ``gen << 32 | lid``), S a power of
     two: a slot written under another generation than ``gen`` counts as empty, so a
     table is reused batch after batch without clearing (each batch, a new ``gen``).
-    Returns the distinct keys; none when more than S / 2 distinct keys came (retry with
-    2 S).
     """
-    n = keys.shape[0]
     mask = np.uint64(table.shape[0] - 1)
     limit = table.shape[0] // 2
-    uniq = np.empty(min(n, limit), dtype=np.int64)
     stamp = np.int64(gen) << 32
     homes = np.empty(PREFETCH_DISTANCE, dtype=np.uint64)  # a ring: each key hashed once
     ring = PREFETCH_DISTANCE - 1
-    nb = 0
-    for i in range(min(PREFETCH_DISTANCE, n)):
-        homes[i] = mix(keys[i]) & mask
-        prefetch(table, homes[i])
-    for i in range(n):
+    for i in range(first, min(first + PREFETCH_DISTANCE, last)):
+        homes[i & ring] = mix(keys[i]) & mask
+        prefetch(table, homes[i & ring])
+    for i in range(first, last):
         s = homes[i & ring]
-        if i + PREFETCH_DISTANCE < n:
+        if i + PREFETCH_DISTANCE < last:
             h = mix(keys[i + PREFETCH_DISTANCE]) & mask
             homes[i & ring] = h
             prefetch(table, h)
@@ -93,13 +90,13 @@ def local_ids(keys, table, gen, lids, start):  # type: ignore[no-untyped-def]  #
             s = (s + np.uint64(1)) & mask
         if (table[s, 1] >> 32) != gen:
             if nb == limit:
-                return uniq[:0]
+                return -1
             table[s, 0] = k
             table[s, 1] = stamp | nb
             uniq[nb] = k
             nb += 1
-        lids[start + i] = table[s, 1] & _LOW32
-    return uniq[:nb]
+        lids[i] = table[s, 1] & _LOW32
+    return nb
 
 
 @njit(nogil=True)

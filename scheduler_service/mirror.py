@@ -43,6 +43,9 @@ Capacity and growth (what the job knows sizes the structures up front):
 
 from __future__ import annotations
 
+import itertools
+import threading
+
 import numpy as np
 import numpy.typing as npt
 from numba.typed import List
@@ -52,11 +55,14 @@ from heraldps.errors import InvalidArgument
 from heraldps.keyindex import KeyIndex
 from heraldps.modes import MAX_WORKERS
 from scheduler_service import kernels
+from scheduler_service.split import HELPER
 
 MAX_CAPACITY = 2**30  # rows per worker cache: a ring of int32 kids of this size is 4 GiB
 _MIN_ROWS = 1024
 _MIN_TABLE = 1024
 _MIN_RING = 1024
+PARALLEL_KEYS = 65_536  # batches with fewer key occurrences are numbered on one thread alone
+NUMBER_CHUNKS = 8  # chunks a big batch is numbered in, the helper reading each one's records
 
 
 def _empty_local(size: int) -> npt.NDArray[np.int64]:
@@ -103,15 +109,26 @@ class CacheMirror:
         self.forgotten = 0  # keys dropped because no cache held them any more
 
     # ----- keys ----------------------------------------------------------------
-    def local_ids(
-        self, keys: npt.NDArray[np.int64]
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """(local id of every key, the batch's distinct keys in first-occurrence order).
+    def number_and_read(self, keys: npt.NDArray[np.int64], parallel: bool) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]
+    ]:  # fmt: skip
+        """(local id of every key; the ``info`` rows (``kernels.KID``, ``KEY``,
+        ``HOLDERS``) of the batch's distinct keys in first-occurrence order; ``hold``, a
+        compact copy of the HOLDERS column for the partition). New keys are registered
+        (kids in first-occurrence order, or forgotten ones reused).
 
-        One thread: numbering two halves at once and joining them cost more than they
-        saved on our 2-core VM (docs/figures.md#scheduler-at-64-workers)."""
+        The keys are numbered chunk by chunk on this thread; when ``parallel`` (a core is
+        idle) the helper reads the records of the keys each chunk found while this thread
+        numbers the next (numbering the keys in two halves at once and joining them, or
+        reading records in pieces, cost more than it saved on our 2-core VM). The records
+        are read in chunk order, by one thread at a time, the only one that changes the
+        index; a chunk the helper has not started when the numbering ends is read here."""
         n = keys.shape[0]
         lids = self.scratch("lids", n)
+        uniq = self.scratch("uniq", n)
+        fields = kernels.INFO_FIELDS
+        info = self.scratch("info", fields * n).view(np.uint64).reshape(n, fields)
+        hold = self.scratch("hold", n).view(np.uint64)
         self._gen += 1  # the scratch table's old entries now count as empty
         if self._gen == 2**31:  # generations wrap: clear the table once
             self._local = _empty_local(self._local.shape[0])
@@ -119,33 +136,59 @@ class CacheMirror:
         want = max(_MIN_TABLE, _pow2_at_least(3 * self._distinct))
         if not want // 2 <= self._local.shape[0] <= 2 * want:  # load about 1/3, kept in 2x
             self._local = _empty_local(want)
-        while True:  # double until the keys fit (at most half the slots)
-            uniq: npt.NDArray[np.int64] = kernels.local_ids(keys, self._local, self._gen, lids, 0)
-            if uniq.shape[0] or not n:
-                break
-            self._local = _empty_local(2 * self._local.shape[0])
-        self._distinct = uniq.shape[0]
-        return lids, uniq
+        pipelined = parallel and n >= PARALLEL_KEYS
+        bounds = np.linspace(0, n, (NUMBER_CHUNKS if pipelined else 1) + 1).astype(int).tolist()
+        found = [0] * len(bounds)  # distinct keys numbered by the end of each chunk
+        lock = threading.Lock()
+        claimed = [False] * (len(bounds) - 1)
+        done = [threading.Event() for _ in claimed]
+        numbered = [threading.Event() for _ in claimed]
 
-    def key_rows(
-        self, uniq: npt.NDArray[np.int64]
-    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-        """``info`` rows (``kernels.KID``, ``KEY``, ``HOLDERS``) of the batch's distinct
-        keys, registering new keys (kids in first-occurrence order, or forgotten ones
-        reused), and ``hold``, a compact copy of the HOLDERS column for the partition.
+        def claim(c: int) -> bool:
+            with lock:
+                mine, claimed[c] = not claimed[c], True
+            return mine
 
-        One thread: one insert pass over the index, then one pass over the records (two
-        threads, looking up in pieces and inserting the new keys after, were slower on
-        our 2-core VM)."""
-        nb = uniq.shape[0]
-        fields = kernels.INFO_FIELDS
-        info = self.scratch("info", fields * nb).view(np.uint64).reshape(nb, fields)
-        hold = self.scratch("hold", nb).view(np.uint64)
-        added = np.zeros(nb, dtype=bool)
-        kids = self.index.insert(uniq, added)
+        def read(c: int) -> None:
+            if c:
+                done[c - 1].wait()
+            numbered[c].wait()
+            self._read_rows(uniq, info, hold, found[c], found[c + 1])
+            done[c].set()
+
+        def helper(c: int) -> None:
+            if claim(c):
+                read(c)
+
+        nb = 0
+        for c, (a, b) in enumerate(itertools.pairwise(bounds)):
+            got = kernels.local_ids(keys, a, b, self._local, self._gen, lids, uniq, nb)
+            while got < 0:  # table full: renumber from the start on a table twice the size
+                self._local = _empty_local(2 * self._local.shape[0])
+                got = kernels.local_ids(keys, 0, b, self._local, self._gen, lids, uniq, 0)
+            nb = found[c + 1] = int(got)
+            numbered[c].set()
+            if pipelined:
+                HELPER.submit(helper, c)
+        for c in range(len(claimed)):
+            if claim(c):
+                read(c)
+            else:
+                done[c].wait()
+        self._distinct = nb
+        return lids, info[:nb], hold[:nb]
+
+    def _read_rows(
+        self, uniq: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
+        hold: npt.NDArray[np.uint64], a: int, b: int,
+    ) -> None:  # fmt: skip
+        """``info`` and ``hold`` rows of the distinct keys ``uniq[a:b]``: one insert pass
+        over the index, then one pass over the records."""
+        added = np.zeros(b - a, dtype=bool)
+        kids = self.index.insert(uniq[a:b], added)
         self._reserve_records()
-        kernels.rows_of_kids(kids, uniq, added, self.holders, self.key_of, info, hold)
-        return info, hold
+        kernels.rows_of_kids(kids, uniq[a:b], added, self.holders, self.key_of, info[a:b],
+                             hold[a:b])  # fmt: skip
 
     def _reserve_records(self) -> None:
         """Records (and keys) for every kid the index has handed out; they double."""

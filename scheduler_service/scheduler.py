@@ -224,7 +224,7 @@ MODES: dict[str, tuple[type[Partitioner], type[SyncPlanner]]] = {
 }
 
 
-STAGES = ("local_ids", "key_rows", "partition", "touch_keys", "evict_and_list", "plans")
+STAGES = ("number_and_read", "partition", "touch_keys", "evict_and_list", "plans")
 """The stages of ``Scheduler.submit``, in order (docs/scheduler.md#the-cache-mirror)."""
 
 
@@ -291,10 +291,8 @@ class Scheduler:
         check_next_batch(batch, n, self.next_iteration)
         clock = _StageClock(self.stage_seconds)
         parallel = helper_idle()  # asked once per batch: is a core free for the helper?
-        lids, uniq = mirror.local_ids(batch.keys)
-        clock.lap("local_ids")
-        info, hold = mirror.key_rows(uniq)
-        clock.lap("key_rows")
+        lids, info, hold = mirror.number_and_read(batch.keys, parallel)
+        clock.lap("number_and_read")
         scratch = mirror.scratch("partition", info.shape[0])
         assignment, (wl_offsets, trainers) = self.partitioner.assign(
             batch, lids, hold, scratch, parallel
