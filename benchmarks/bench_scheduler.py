@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.runtime import tune_malloc
 from scheduler_service import split
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import STAGES, Scheduler
@@ -139,6 +140,7 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args()
     split.FORCE_HELPER = {"auto": None, "1": False, "2": True}[args.threads]
+    tune_malloc()  # as every heraldps process does at start (the scheduler service too)
     load_before = os.getloadavg()
     rows = [
         measure(w, b, quick if args.quick else full, not args.no_hint)
