@@ -100,8 +100,9 @@ def local_ids(keys, first, last, table, gen, lids, uniq, nb):  # type: ignore[no
 
 
 @njit(nogil=True)
-def rows_of_kids(kids, uniq, added, holders, key_of, info, hold):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """:func:`key_rows` for keys whose kids are known (just inserted where ``added``:
+def rows_of_kids(kids, uniq, added, holders, key_of, info, hold, held):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """``info`` rows (KID, KEY, HOLDERS), ``hold`` (HOLDERS) and ``held`` (1 where some
+    worker holds the key) of keys whose kids are known (just inserted where ``added``:
     their key is written to ``key_of``, their record is the zero one)."""
     n = kids.shape[0]
     for i in range(min(PREFETCH_DISTANCE, n)):
@@ -114,8 +115,10 @@ def rows_of_kids(kids, uniq, added, holders, key_of, info, hold):  # type: ignor
             key_of[k] = uniq[i]
         info[i, KID] = k
         info[i, KEY] = uniq[i]
-        info[i, HOLDERS] = holders[k]
-        hold[i] = info[i, HOLDERS]
+        h = holders[k]
+        info[i, HOLDERS] = h
+        hold[i] = h
+        held[i] = 1 if h else 0
 
 
 _HELD_AHEAD = 16  # held occurrences whose hold and seen lines choose_chunk prefetches ahead
@@ -163,7 +166,7 @@ def _decide(  # type: ignore[no-untyped-def]  # pragma: no cover
 # chunks in order). A worker's mini-batch is its marked keys in lid order, i.e. in order
 # of first occurrence in the batch (stage 4 lists them).
 @njit(nogil=True)
-def choose_chunk(offsets, lids, held_bits, hold, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
+def choose_chunk(offsets, lids, is_held, hold, seen, room, state, assign, first, last, given):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Each sample's worker, for samples ``first..last-1``; ``state`` carries (lowest
     worker that may have room, held, local) from chunk to chunk.
 
@@ -181,15 +184,15 @@ def choose_chunk(offsets, lids, held_bits, hold, seen, room, state, assign, firs
     touched = np.empty(num_workers, dtype=np.int64)
     first_free, held, local = state[0], state[1], state[2]
     # Most keys of a batch are held by no worker and score nothing: one flat pass lists the
-    # occurrences of held keys (a bit per lid in ``held_bits`` says which, a few KB that
-    # stay in the L1 cache; no branch per key), and only those are scored.
+    # occurrences of held keys (``is_held``, a byte per lid, small enough to stay cached;
+    # no branch per key), and only those are scored.
     start, end = offsets[first], offsets[last]
     listed = np.empty(end - start + 1, dtype=np.int64)
     nlisted = 0
     for p in range(start, end):
         lid = lids[p]
         listed[nlisted] = p
-        nlisted += (held_bits[lid >> 3] >> (lid & 7)) & 1
+        nlisted += is_held[lid]
     j = 0
     for i in range(first, last):
         stop = offsets[i + 1]

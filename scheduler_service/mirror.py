@@ -43,9 +43,6 @@ Capacity and growth (what the job knows sizes the structures up front):
 
 from __future__ import annotations
 
-import itertools
-import threading
-
 import numpy as np
 import numpy.typing as npt
 from numba.typed import List
@@ -55,14 +52,11 @@ from heraldps.errors import InvalidArgument
 from heraldps.keyindex import KeyIndex
 from heraldps.modes import MAX_WORKERS
 from scheduler_service import kernels
-from scheduler_service.split import HELPER
 
 MAX_CAPACITY = 2**30  # rows per worker cache: a ring of int32 kids of this size is 4 GiB
 _MIN_ROWS = 1024
 _MIN_TABLE = 1024
 _MIN_RING = 1024
-PARALLEL_KEYS = 65_536  # batches with fewer key occurrences are numbered on one thread alone
-NUMBER_CHUNKS = 8  # chunks a big batch is numbered in, the helper reading each one's records
 
 
 def _empty_local(size: int) -> npt.NDArray[np.int64]:
@@ -73,6 +67,51 @@ def _empty_local(size: int) -> npt.NDArray[np.int64]:
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
+
+
+class Numbering:
+    """One batch's keys numbered 0..nb-1 in first-occurrence order (local ids, ``lids``),
+    and the rows of its distinct keys: ``info`` (``kernels.KID``, ``KEY``, ``HOLDERS``),
+    ``hold`` (a compact copy of the HOLDERS column) and ``held`` (1 where some worker holds
+    the key), all valid for ``[:nb]``.
+
+    :meth:`number` numbers a range of key occurrences, after the ranges before it;
+    :meth:`read` reads the records of a range of distinct keys (registering new keys:
+    kids in first-occurrence order, or forgotten ones reused), ranges in order, one
+    thread at a time (the only one that changes the index). The two may run at once on
+    different ranges, so one thread numbers while another reads what was found."""
+
+    def __init__(self, mirror: CacheMirror, keys: npt.NDArray[np.int64]) -> None:
+        n = keys.shape[0]
+        self._mirror = mirror
+        self.keys = keys
+        self.lids = mirror.scratch("lids", n)
+        self.uniq = mirror.scratch("uniq", n)
+        fields = kernels.INFO_FIELDS
+        self.info = mirror.scratch("info", fields * n).view(np.uint64).reshape(n, fields)
+        self.hold = mirror.scratch("hold", n).view(np.uint64)
+        self.held = mirror.scratch("held", (n + 7) // 8).view(np.uint8)[:n]
+        self.nb = 0
+
+    def number(self, a: int, b: int) -> int:
+        """Number occurrences ``a..b-1`` (after ``0..a-1``); returns the distinct keys so
+        far. A full scratch table is replaced by one twice the size and every occurrence
+        up to ``b`` numbered again: the same numbers, so readers of earlier ranges may
+        run meanwhile."""
+        mirror = self._mirror
+        got = kernels.local_ids(self.keys, a, b, mirror._local, mirror._gen, self.lids,
+                                self.uniq, self.nb)  # fmt: skip
+        while got < 0:
+            mirror._local = _empty_local(2 * mirror._local.shape[0])
+            got = kernels.local_ids(self.keys, 0, b, mirror._local, mirror._gen, self.lids,
+                                    self.uniq, 0)  # fmt: skip
+        self.nb = mirror._distinct = int(got)
+        return self.nb
+
+    def read(self, lo: int, hi: int) -> None:
+        """The rows of distinct keys ``lo..hi-1`` (after ``0..lo-1``)."""
+        self._mirror._read_rows(self.uniq[lo:hi], self.info[lo:hi], self.hold[lo:hi],
+                                self.held[lo:hi])  # fmt: skip
 
 
 class CacheMirror:
@@ -109,26 +148,9 @@ class CacheMirror:
         self.forgotten = 0  # keys dropped because no cache held them any more
 
     # ----- keys ----------------------------------------------------------------
-    def number_and_read(self, keys: npt.NDArray[np.int64], parallel: bool) -> tuple[
-        npt.NDArray[np.int64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]
-    ]:  # fmt: skip
-        """(local id of every key; the ``info`` rows (``kernels.KID``, ``KEY``,
-        ``HOLDERS``) of the batch's distinct keys in first-occurrence order; ``hold``, a
-        compact copy of the HOLDERS column for the partition). New keys are registered
-        (kids in first-occurrence order, or forgotten ones reused).
-
-        The keys are numbered chunk by chunk on this thread; when ``parallel`` (a core is
-        idle) the helper reads the records of the keys each chunk found while this thread
-        numbers the next (numbering the keys in two halves at once and joining them, or
-        reading records in pieces, cost more than it saved on our 2-core VM). The records
-        are read in chunk order, by one thread at a time, the only one that changes the
-        index; a chunk the helper has not started when the numbering ends is read here."""
-        n = keys.shape[0]
-        lids = self.scratch("lids", n)
-        uniq = self.scratch("uniq", n)
-        fields = kernels.INFO_FIELDS
-        info = self.scratch("info", fields * n).view(np.uint64).reshape(n, fields)
-        hold = self.scratch("hold", n).view(np.uint64)
+    def numbering(self, keys: npt.NDArray[np.int64]) -> Numbering:
+        """A new batch's numbering (:class:`Numbering`): its keys get local ids chunk by
+        chunk, its distinct keys their records."""
         self._gen += 1  # the scratch table's old entries now count as empty
         if self._gen == 2**31:  # generations wrap: clear the table once
             self._local = _empty_local(self._local.shape[0])
@@ -136,59 +158,18 @@ class CacheMirror:
         want = max(_MIN_TABLE, _pow2_at_least(3 * self._distinct))
         if not want // 2 <= self._local.shape[0] <= 2 * want:  # load about 1/3, kept in 2x
             self._local = _empty_local(want)
-        pipelined = parallel and n >= PARALLEL_KEYS
-        bounds = np.linspace(0, n, (NUMBER_CHUNKS if pipelined else 1) + 1).astype(int).tolist()
-        found = [0] * len(bounds)  # distinct keys numbered by the end of each chunk
-        lock = threading.Lock()
-        claimed = [False] * (len(bounds) - 1)
-        done = [threading.Event() for _ in claimed]
-        numbered = [threading.Event() for _ in claimed]
-
-        def claim(c: int) -> bool:
-            with lock:
-                mine, claimed[c] = not claimed[c], True
-            return mine
-
-        def read(c: int) -> None:
-            if c:
-                done[c - 1].wait()
-            numbered[c].wait()
-            self._read_rows(uniq, info, hold, found[c], found[c + 1])
-            done[c].set()
-
-        def helper(c: int) -> None:
-            if claim(c):
-                read(c)
-
-        nb = 0
-        for c, (a, b) in enumerate(itertools.pairwise(bounds)):
-            got = kernels.local_ids(keys, a, b, self._local, self._gen, lids, uniq, nb)
-            while got < 0:  # table full: renumber from the start on a table twice the size
-                self._local = _empty_local(2 * self._local.shape[0])
-                got = kernels.local_ids(keys, 0, b, self._local, self._gen, lids, uniq, 0)
-            nb = found[c + 1] = int(got)
-            numbered[c].set()
-            if pipelined:
-                HELPER.submit(helper, c)
-        for c in range(len(claimed)):
-            if claim(c):
-                read(c)
-            else:
-                done[c].wait()
-        self._distinct = nb
-        return lids, info[:nb], hold[:nb]
+        return Numbering(self, keys)
 
     def _read_rows(
         self, uniq: npt.NDArray[np.int64], info: npt.NDArray[np.uint64],
-        hold: npt.NDArray[np.uint64], a: int, b: int,
+        hold: npt.NDArray[np.uint64], held: npt.NDArray[np.uint8],
     ) -> None:  # fmt: skip
-        """``info`` and ``hold`` rows of the distinct keys ``uniq[a:b]``: one insert pass
-        over the index, then one pass over the records."""
-        added = np.zeros(b - a, dtype=bool)
-        kids = self.index.insert(uniq[a:b], added)
+        """``info``, ``hold`` and ``held`` rows of the distinct keys ``uniq``, registering
+        the new ones: one insert pass over the index, then one pass over the records."""
+        added = np.zeros(uniq.shape[0], dtype=bool)
+        kids = self.index.insert(uniq, added)
         self._reserve_records()
-        kernels.rows_of_kids(kids, uniq[a:b], added, self.holders, self.key_of, info[a:b],
-                             hold[a:b])  # fmt: skip
+        kernels.rows_of_kids(kids, uniq, added, self.holders, self.key_of, info, hold, held)
 
     def _reserve_records(self) -> None:
         """Records (and keys) for every kid the index has handed out; they double."""

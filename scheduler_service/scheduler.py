@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import abc
 import itertools
-import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -31,8 +30,8 @@ from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
-from scheduler_service.mirror import CacheMirror
-from scheduler_service.split import HELPER, helper_idle, run_pieces
+from scheduler_service.mirror import CacheMirror, Numbering
+from scheduler_service.split import Relay, helper_idle, run_pieces
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -58,6 +57,7 @@ class Assignment:
     workers: npt.NDArray[np.int64]  # worker of every sample
     held: int
     local: int
+    order: npt.NDArray[np.int64]  # samples grouped by worker, input order within one
 
 
 MiniBatches = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]
@@ -67,76 +67,12 @@ order (first occurrence in the batch)."""
 
 
 class Partitioner(abc.ABC):
-    """Decides which worker trains each sample of a batch, from the batch's local key ids
-    (``lids``) and which workers hold each key validly (``hold``), and lists each worker's
-    keys (:func:`_partition`)."""
+    """Decides which worker trains each sample of a batch (:func:`_front` runs it)."""
 
     @abc.abstractmethod
-    def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64], parallel: bool,
-    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-        """Worker of every sample (each worker gets exactly ``samples_per_worker``), and
-        the mini-batches; ``scratch``: len(hold) int64 of working space; ``parallel``:
-        the helper thread may take part."""
-
-
-PARTITION_CHUNKS = 8  # chunks of samples a big batch's partition is pipelined in
-
-
-def _partition(
-    batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
-    given: npt.NDArray[np.int64], scratch: npt.NDArray[np.int64], parallel: bool,
-) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-    """``kernels.choose_chunk`` then ``kernels.mark_chunk`` per chunk of samples. A big
-    batch is pipelined: this thread chooses chunk c + 1 while the helper marks chunk c.
-    Chunks are marked one at a time, in order; a chunk the helper has not started when
-    this thread is done choosing is marked here, so a busy helper never makes the batch
-    wait."""
-    n, samples, nb = batch.num_workers, batch.samples, hold.shape[0]
-    seen = scratch[:nb]
-    seen[:] = -1
-    room = np.full(n, batch.samples_per_worker, np.int64)
-    choice_state = np.zeros(3, np.int64)
-    counts = np.zeros(n + 1, np.int64)
-    assign = np.empty(samples, np.int64)
-    trainers = np.zeros(nb, np.uint64)
-    held_bits = np.packbits(hold != 0, bitorder="little")  # bit lid: some worker holds it
-    pipelined = parallel and lids.shape[0] >= PARALLEL_KEYS and samples >= 2 * PARTITION_CHUNKS
-    bounds = np.linspace(0, samples, PARTITION_CHUNKS + 1 if pipelined else 2).astype(int)
-    chunks = list(itertools.pairwise(bounds.tolist()))
-    lock = threading.Lock()
-    claimed = [False] * len(chunks)
-    done = [threading.Event() for _ in chunks]
-
-    def claim(c: int) -> bool:
-        with lock:
-            mine, claimed[c] = not claimed[c], True
-        return mine
-
-    def list_(c: int) -> None:
-        if c:
-            done[c - 1].wait()
-        a, b = chunks[c]
-        kernels.mark_chunk(batch.offsets, lids, assign, trainers, counts[1:], a, b)
-        done[c].set()
-
-    def helper(c: int) -> None:
-        if claim(c):
-            list_(c)
-
-    for c, (a, b) in enumerate(chunks):
-        kernels.choose_chunk(batch.offsets, lids, held_bits, hold, seen, room, choice_state,
-                             assign, a, b, given)  # fmt: skip
-        if pipelined:
-            HELPER.submit(helper, c)
-    for c in range(len(chunks)):
-        if claim(c):
-            list_(c)
-        else:
-            done[c].wait()
-    held, local = int(choice_state[1]), int(choice_state[2])
-    return Assignment(assign, held, local), (np.cumsum(counts), trainers)
+    def given(self, batch: Batch) -> npt.NDArray[np.int64]:
+        """Each sample's worker when the partitioner fixes it, empty for Herald's
+        Algorithm 1 (each worker gets exactly ``samples_per_worker``)."""
 
 
 class SequentialPartitioner(Partitioner):
@@ -145,22 +81,78 @@ class SequentialPartitioner(Partitioner):
     Its locality costs Algorithm 1's scoring, without choosing.
     """
 
-    def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64], parallel: bool,
-    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-        given = np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
-        return _partition(batch, lids, hold, given, scratch, parallel)
+    def given(self, batch: Batch) -> npt.NDArray[np.int64]:
+        return np.arange(batch.samples, dtype=np.int64) // batch.samples_per_worker
 
 
 class LocationAwarePartitioner(Partitioner):
     """Herald Algorithm 1, scored on the mirror's valid copies at the start of the batch."""
 
-    def assign(
-        self, batch: Batch, lids: npt.NDArray[np.int64], hold: npt.NDArray[np.uint64],
-        scratch: npt.NDArray[np.int64], parallel: bool,
-    ) -> tuple[Assignment, MiniBatches]:  # fmt: skip
-        return _partition(batch, lids, hold, np.empty(0, np.int64), scratch, parallel)
+    def given(self, batch: Batch) -> npt.NDArray[np.int64]:
+        return np.empty(0, np.int64)
+
+
+FRONT_CHUNKS = 8  # chunks of samples a big batch's front stages are pipelined in
+
+
+def _front(
+    batch: Batch, mirror: CacheMirror, given: npt.NDArray[np.int64], parallel: bool
+) -> tuple[Numbering, Assignment, MiniBatches]:
+    """The front of a batch's plan, chunk by chunk of samples: number the chunk's keys
+    (this thread), read the records of the keys it found (``Numbering.read``), choose the
+    chunk's workers (``kernels.choose_chunk``, this thread: Algorithm 1 is sequential,
+    each choice takes room from the next), mark which workers train each key
+    (``kernels.mark_chunk``). Each kind runs in chunk order. With ``parallel`` (a core is
+    idle) a big batch is pipelined: while this thread numbers chunk c + 1 and chooses
+    chunk c, the helper reads the records of chunk c + 1 and marks chunk c - 1; a task the
+    helper has not started when this thread needs it runs here (``split.Relay``)."""
+    n, m, samples = batch.num_workers, batch.samples_per_worker, batch.samples
+    total = batch.keys.shape[0]
+    numbering = mirror.numbering(batch.keys)
+    pipelined = parallel and total >= PARALLEL_KEYS and samples >= 2 * FRONT_CHUNKS
+    bounds = np.linspace(0, samples, (FRONT_CHUNKS if pipelined else 1) + 1).astype(int)
+    chunks = bounds.shape[0] - 1
+    key_bounds, sample_bounds = batch.offsets[bounds].tolist(), bounds.tolist()
+    found = [0] * (chunks + 1)  # distinct keys numbered by the end of each chunk
+    seen = mirror.scratch("seen", total)
+    trainers = mirror.scratch("trainers", total).view(np.uint64)
+    room = np.full(n, m, np.int64)
+    choice_state = np.zeros(3, np.int64)
+    counts = np.zeros(n + 1, np.int64)
+    assign = np.empty(samples, np.int64)
+
+    def read(c: int) -> None:
+        lo, hi = found[c], found[c + 1]
+        numbering.read(lo, hi)
+        seen[lo:hi] = -1
+        trainers[lo:hi] = 0
+
+    def mark(c: int) -> None:
+        a, b = sample_bounds[c], sample_bounds[c + 1]
+        kernels.mark_chunk(batch.offsets, numbering.lids, assign, trainers, counts[1:], a, b)
+
+    reads, marks = Relay(chunks, read), Relay(chunks, mark)
+
+    def choose(c: int) -> None:
+        reads.run_upto(c)
+        a, b = sample_bounds[c], sample_bounds[c + 1]
+        kernels.choose_chunk(batch.offsets, numbering.lids, numbering.held, numbering.hold,
+                             seen, room, choice_state, assign, a, b, given)  # fmt: skip
+        if pipelined:
+            marks.offer(c)
+
+    for c in range(chunks):
+        found[c + 1] = numbering.number(key_bounds[c], key_bounds[c + 1])
+        if pipelined:
+            reads.offer(c)
+        if c:
+            choose(c - 1)
+    choose(chunks - 1)
+    marks.run_upto(chunks - 1)
+    held, local = int(choice_state[1]), int(choice_state[2])
+    order = kernels.samples_by_worker(assign, n, m)
+    assignment = Assignment(assign, held, local, order)
+    return numbering, assignment, (np.cumsum(counts), trainers[: numbering.nb])
 
 
 class SyncPlanner(abc.ABC):
@@ -224,7 +216,7 @@ MODES: dict[str, tuple[type[Partitioner], type[SyncPlanner]]] = {
 }
 
 
-STAGES = ("number_and_read", "partition", "touch_keys", "evict_and_list", "plans")
+STAGES = ("front", "touch_keys", "evict_and_list", "plans")
 """The stages of ``Scheduler.submit``, in order (docs/scheduler.md#the-cache-mirror)."""
 
 
@@ -291,14 +283,10 @@ class Scheduler:
         check_next_batch(batch, n, self.next_iteration)
         clock = _StageClock(self.stage_seconds)
         parallel = helper_idle()  # asked once per batch: is a core free for the helper?
-        lids, info, hold = mirror.number_and_read(batch.keys, parallel)
-        clock.lap("number_and_read")
-        scratch = mirror.scratch("partition", info.shape[0])
-        assignment, (wl_offsets, trainers) = self.partitioner.assign(
-            batch, lids, hold, scratch, parallel
-        )
-        clock.lap("partition")
-        assign = assignment.workers
+        given = self.partitioner.given(batch)
+        numbering, assignment, (wl_offsets, trainers) = _front(batch, mirror, given, parallel)
+        info = numbering.info[: numbering.nb]
+        clock.lap("front")
         mirror.samples_seen += batch.samples
         mirror.batches_seen += 1
         sizes = np.diff(wl_offsets)
@@ -332,7 +320,7 @@ class Scheduler:
             prev_workers = np.concatenate([prev_workers, flush_workers])
             prev_keys = np.concatenate([prev_keys, flush_keys])
         m = batch.samples_per_worker
-        samples_order = kernels.samples_by_worker(assign, n, m)
+        samples_order = assignment.order
         wb_offsets, wb_keys = _sorted_by_worker(now_workers, now_keys, n)
         checkpoint = is_checkpoint(batch.iteration, self.checkpoint_every)
         starts, ends = wl_offsets[:-1].tolist(), wl_offsets[1:].tolist()

@@ -85,3 +85,48 @@ def run_pieces(pieces: Sequence[Callable[[], T]]) -> list[T]:
     if errors:
         raise errors[0]
     return results  # type: ignore[return-value]
+
+
+class Relay:
+    """Tasks ``0..count-1`` of one kind, run strictly in order (task c after task c - 1),
+    each by the first thread that claims it. :meth:`offer` hands task c to the helper once
+    the caller has made it ready; :meth:`run_upto` makes the caller run every task up to
+    c the helper has not started, and wait for those it has. A descheduled or busy helper
+    thus delays the caller by at most the task it holds."""
+
+    def __init__(self, count: int, run: Callable[[int], None]) -> None:
+        self._run = run
+        self._lock = threading.Lock()
+        self._claimed = [False] * count
+        self._done = [threading.Event() for _ in range(count)]
+        self._errors: list[BaseException] = []
+
+    def _claim(self, c: int) -> bool:
+        with self._lock:
+            mine, self._claimed[c] = not self._claimed[c], True
+        return mine
+
+    def _task(self, c: int) -> None:
+        try:
+            if c and not self._done[c - 1].wait(timeout=600):
+                raise TimeoutError(f"task {c - 1} never finished")
+            if not self._errors:
+                self._run(c)
+        except BaseException as err:  # re-raised on the calling thread
+            self._errors.append(err)
+        finally:
+            self._done[c].set()
+
+    def offer(self, c: int) -> None:
+        """Task c may run now: the helper takes it unless the caller already has."""
+        HELPER.submit(lambda: self._task(c) if self._claim(c) else None)
+
+    def run_upto(self, c: int) -> None:
+        """Tasks 0..c done, run here where the helper has not started them."""
+        for i in range(c + 1):
+            if self._claim(i):
+                self._task(i)
+            else:
+                self._done[i].wait()
+        if self._errors:
+            raise self._errors[0]

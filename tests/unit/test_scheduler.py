@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.plan import CommPlan
-from scheduler_service import mirror as mirror_module
 from scheduler_service import scheduler as scheduler_module
 from scheduler_service import split as split_module
 from scheduler_service.batch import Batch
@@ -269,12 +268,12 @@ def test_a_clock_never_evicts_a_key_of_the_current_mini_batch() -> None:
 def test_two_threads_plan_exactly_as_the_reference(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Thresholds of 1 put every split stage (reading the records while numbering, the
-    partition's marking, the keys' pass, the workers' pass) on two threads even for tiny
+    """Thresholds of 1 put every split stage (the front's pipeline of numbering, reading,
+    choosing and marking; the keys' pass; the workers' pass) on two threads even for tiny
     batches; the plans are the reference's."""
     monkeypatch.setattr(scheduler_module, "PARALLEL_PAIRS", 1)
     monkeypatch.setattr(scheduler_module, "PARALLEL_KEYS", 1)
-    monkeypatch.setattr(mirror_module, "PARALLEL_KEYS", 1)
+    monkeypatch.setattr(scheduler_module, "FRONT_CHUNKS", 3)
     monkeypatch.setattr(split_module, "FORCE_HELPER", True)  # whatever the machine's load
     batches = random_batches(4, 12, 20, 4, 5, 300)
     fast, ref = Scheduler(20, 30, mode), ReferenceScheduler.for_mode(20, 30, mode)

@@ -70,3 +70,31 @@ def test_a_batch_uses_the_helper_only_when_a_core_is_idle(
     monkeypatch.setattr(split, "FORCE_HELPER", False)
     monkeypatch.setattr(cores, "CORES", 64)
     assert not split.helper_idle()
+
+
+def test_a_relay_runs_its_tasks_in_order_on_either_thread() -> None:
+    """Offered tasks go to the helper; the caller runs what the helper has not started;
+    task c never starts before task c - 1 has finished; an error reaches the caller."""
+    from scheduler_service.split import Relay
+
+    order: list[int] = []
+    threads: set[int] = set()
+
+    def task(c: int) -> None:
+        order.append(c)
+        threads.add(threading.get_ident())
+
+    relay = Relay(6, task)
+    for c in range(0, 6, 2):
+        relay.offer(c)  # tasks 1, 3, 5 are never offered: the caller runs them
+    relay.run_upto(5)
+    assert order == list(range(6))
+    assert threading.get_ident() in threads
+
+    def failing(c: int) -> None:
+        if c == 1:
+            raise ValueError("task 1 failed")
+
+    broken = Relay(3, failing)
+    with pytest.raises(ValueError, match="task 1 failed"):
+        broken.run_upto(2)
