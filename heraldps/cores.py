@@ -1,14 +1,15 @@
 """How many cores this process may use, and how many are idle right now.
 
-Our compiled loops share big stages out to helper threads (``ps_server.parallel``, the
-scheduler's ``split``). A helper only helps where a core is idle: on a machine whose
+The PS shares a big request's compiled loops out to helper threads
+(``ps_server.parallel``). A helper only helps where a core is idle: on a machine whose
 cores are all busy, a helper that holds a piece of work may be descheduled halfway
 through it and the caller must wait for it. On our shared 2-core VM, a PS lookup of
-65,536 keys split at a load of 6-8 took 5.7 ms against 1.4 ms on one thread, and at a
-load of about 3 the scheduler planned a 64 x 512 batch in 27 ms with a forced helper
-against 22 ms alone. So callers ask first: the kernel's count of threads running at this
-moment (``/proc/loadavg``'s fourth field, this thread included) against the cores, about
-10 us.
+65,536 keys split at a load of 6-8 took 5.7 ms against 1.4 ms on one thread. So a
+request asks first: the kernel's count of threads running at this moment
+(``/proc/loadavg``'s fourth field, this thread included) against the cores, about 10 us.
+A single snapshot is noisy (a thread that runs for microseconds counts); the scheduler,
+which plans a batch every few milliseconds, measures instead
+(``scheduler_service.split.HelperChoice``).
 """
 
 from __future__ import annotations

@@ -36,9 +36,10 @@ Capacity and growth (what the job knows sizes the structures up front):
   one batch's, whatever the vocabulary.
 - Records live on a lazily committed mapping (``heraldps.hostmem``): reserving
   rows costs no memory until a key takes them.
-- A worker's ring holds at most ``capacity`` kids (4 bytes each); it starts at
-  1,024 entries and doubles when the keys it caches would not fit, on the thread
-  that runs the worker.
+- A worker's ring holds at most ``capacity`` kids (4 bytes each); it is reserved
+  for the whole cache up front (at most ``RING_RESERVE`` entries; lazily committed),
+  and only a bigger cache's ring doubles when the keys it caches would not fit, on
+  the thread that runs the worker.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from scheduler_service import kernels
 MAX_CAPACITY = 2**30  # rows per worker cache: a ring of int32 kids of this size is 4 GiB
 _MIN_ROWS = 1024
 _MIN_TABLE = 1024
-_MIN_RING = 1024
+RING_RESERVE = 2**22  # entries per worker ring reserved (lazily) before any growth
 
 
 def _empty_local(size: int) -> npt.NDArray[np.int64]:
@@ -136,7 +137,10 @@ class CacheMirror:
         rows = max(sized, _MIN_ROWS)
         records = hostmem.zeros((rows, kernels.RECORD_FIELDS), np.uint64)
         self._set_records(records, hostmem.zeros((rows,), np.int64))
-        self.rings = List([np.zeros(_MIN_RING, np.int32) for _ in range(num_workers)])
+        # Room for the whole cache up front, committed only as entries are written: rings
+        # that doubled as they filled made every worker copy its ring in the same batch.
+        ring = min(_pow2_at_least(capacity), RING_RESERVE)
+        self.rings = List([hostmem.zeros((ring,), np.int32) for _ in range(num_workers)])
         self.heads = np.zeros(num_workers, np.int64)
         self.used = np.zeros(num_workers, np.int64)
         self._local = _empty_local(_MIN_TABLE)

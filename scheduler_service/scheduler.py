@@ -31,7 +31,7 @@ from heraldps.traffic import Traffic
 from scheduler_service import kernels
 from scheduler_service.batch import Batch
 from scheduler_service.mirror import CacheMirror, Numbering
-from scheduler_service.split import Relay, helper_idle, run_pieces
+from scheduler_service.split import HelperChoice, Relay, run_pieces
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -265,6 +265,7 @@ class Scheduler:
         self.checkpoint_every = checkpoint_every
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
+        self.helper = HelperChoice()
         self.stage_seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
         """Wall seconds spent in each stage of :meth:`submit`, summed over batches."""
 
@@ -282,7 +283,9 @@ class Scheduler:
         n = mirror.num_workers
         check_next_batch(batch, n, self.next_iteration)
         clock = _StageClock(self.stage_seconds)
-        parallel = helper_idle()  # asked once per batch: is a core free for the helper?
+        big = batch.keys.shape[0] >= PARALLEL_KEYS
+        parallel = big and self.helper.choose()
+        started = time.perf_counter()
         given = self.partitioner.given(batch)
         numbering, assignment, (wl_offsets, trainers) = _front(batch, mirror, given, parallel)
         info = numbering.info[: numbering.nb]
@@ -345,6 +348,8 @@ class Scheduler:
         self.next_iteration = batch.iteration + 1
         self.counts.iterations += 1
         clock.lap("plans")
+        if big:
+            self.helper.record(parallel, time.perf_counter() - started, batch.keys.shape[0])
         return released
 
     def _checkpoint_flush(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

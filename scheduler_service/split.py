@@ -4,37 +4,61 @@ Each piece is one compiled kernel call that releases the GIL. The caller takes p
 from the front, the helper from the back; a piece the helper has not started by the time
 the caller runs out is the caller's. A piece the helper has started is waited for, so on
 a busy machine, where the helper may be descheduled for milliseconds halfway through a
-piece, the helper costs more than it gives: a scheduler asks :func:`helper_idle` once per
-batch and plans a batch on one thread when no core is idle (``heraldps.cores``).
+piece, the helper costs more than it gives: a scheduler plans each big batch with the
+helper or alone as :class:`HelperChoice` measures best.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from heraldps.cores import idle_cores
-
 T = TypeVar("T")
-
-FORCE_HELPER: bool | None = None
-"""Tests: True uses the helper whatever the load, False never; None asks the load."""
-
-
-def helper_idle() -> bool:
-    """Whether a batch should use the helper thread: a core is idle right now (or
-    :data:`FORCE_HELPER` says so)."""
-    if FORCE_HELPER is not None:
-        return FORCE_HELPER
-    return idle_cores() > 0
-
 
 HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-helper")
 """Shared by every scheduler of a process. Its tasks never wait on other tasks, so
 sharing it cannot deadlock; a scheduler whose helper task is queued behind another's
 just does the work itself."""
+
+FORCE_HELPER: bool | None = None
+"""Tests and benchmarks: True uses the helper always, False never; None: ``HelperChoice``."""
+
+
+class HelperChoice:
+    """Whether a scheduler's big batches use the helper thread, decided by what recent
+    batches cost each way (time per key occurrence, the median of the last few): two
+    threads win on an idle machine and lose on a busy one, where a helper descheduled
+    halfway through its piece makes the caller wait. A snapshot of the machine's running
+    threads (``/proc/loadavg``) was too noisy to decide on our 2-core VM: it caught a
+    momentary second thread in about half the checks of an otherwise idle machine. Every
+    ``probe_every``-th batch tries the other way, so the choice follows the load as it
+    changes. A scheduler's first big batch (new keys, fresh pages) is not counted."""
+
+    def __init__(self, probe_every: int = 8, window: int = 5) -> None:
+        self.probe_every = probe_every
+        self._costs: dict[bool, deque[float]] = {True: deque(maxlen=window),
+                                                 False: deque(maxlen=window)}  # fmt: skip
+        self._batches = 0
+
+    def choose(self) -> bool:
+        """The way the next big batch should go (True: with the helper)."""
+        if FORCE_HELPER is not None:
+            return FORCE_HELPER
+        self._batches += 1
+        with_helper, alone = self._costs[True], self._costs[False]
+        if len(with_helper) < 2 or len(alone) < 2:  # try each way twice, the helper first
+            return len(with_helper) <= len(alone)
+        best = statistics.median(with_helper) <= statistics.median(alone)
+        return best != (self._batches % self.probe_every == 0)
+
+    def record(self, parallel: bool, seconds: float, keys: int) -> None:
+        """A big batch of ``keys`` key occurrences took ``seconds`` (planned ``parallel``)."""
+        if self._batches > 1 or FORCE_HELPER is not None:
+            self._costs[parallel].append(seconds / max(keys, 1))
 
 
 def run_pieces(pieces: Sequence[Callable[[], T]]) -> list[T]:

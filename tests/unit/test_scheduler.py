@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.plan import CommPlan
+from scheduler_service import mirror as mirror_module
 from scheduler_service import scheduler as scheduler_module
 from scheduler_service import split as split_module
 from scheduler_service.batch import Batch
@@ -282,9 +283,12 @@ def test_two_threads_plan_exactly_as_the_reference(
     assert fast.counts == ref.counts and fast.counts.evictions > 0
 
 
-def test_rings_and_records_grow_and_still_equal_the_reference() -> None:
-    """Caches of 1,500 rows outgrow the first 1,024-entry rings, and 5,000 keys outgrow
-    records sized for a hint of 10 keys: both grow by the documented policy."""
+def test_rings_and_records_grow_and_still_equal_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Caches of 1,500 rows outgrow rings reserved for 1,024 entries, and 5,000 keys
+    outgrow records sized for a hint of 10 keys: both grow by the documented policy."""
+    monkeypatch.setattr(mirror_module, "RING_RESERVE", 1024)
     rng = np.random.default_rng(9)
     offsets = np.arange(3 * 40 + 1) * 8
     batches = [Batch.from_arrays(t, offsets, rng.integers(0, 5000, 3 * 40 * 8), 3)

@@ -54,22 +54,29 @@ def test_an_error_in_a_piece_reaches_the_caller() -> None:
     assert run_pieces([lambda: 5, lambda: 6]) == [5, 6]
 
 
-def test_a_batch_uses_the_helper_only_when_a_core_is_idle(
+def test_big_batches_take_the_helper_or_not_by_what_each_way_cost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``helper_idle`` reads the running threads against the cores; tests and benchmarks
-    may force it either way."""
-    from heraldps import cores
+    """After a first batch that does not count, each way is tried twice (the helper
+    first), then the way with the lower median cost per key occurrence wins, and every
+    ``probe_every``-th batch tries the other way; tests may force it."""
     from scheduler_service import split
 
-    assert 0 <= cores.idle_cores() <= cores.CORES
-    monkeypatch.setattr(cores, "CORES", 1)  # this thread alone fills one core
-    assert cores.idle_cores() == 0 and not split.helper_idle()
-    monkeypatch.setattr(split, "FORCE_HELPER", True)
-    assert split.helper_idle()
+    monkeypatch.setattr(split, "FORCE_HELPER", None)
+    choice = split.HelperChoice(probe_every=4)
+    choice.record(choice.choose(), 9.0, 1000)  # the first batch: not counted
+    ways = []
+    for cost in (0.030, 0.020, 0.031, 0.021):
+        ways.append(choice.choose())
+        choice.record(ways[-1], cost, 1000)
+    assert ways == [True, False, True, False]
+    ways = [choice.choose() for _ in range(8)]  # alone is cheaper: the helper only probed
+    assert ways.count(False) == 6 and ways.count(True) == 2
+    for _ in range(5):  # the machine gets busy: alone costs more now
+        choice.record(False, 0.060, 1000)
+    assert [choice.choose() for _ in range(4)].count(True) == 3
     monkeypatch.setattr(split, "FORCE_HELPER", False)
-    monkeypatch.setattr(cores, "CORES", 64)
-    assert not split.helper_idle()
+    assert choice.choose() is False
 
 
 def test_a_relay_runs_its_tasks_in_order_on_either_thread() -> None:
