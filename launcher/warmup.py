@@ -38,9 +38,9 @@ import pyarrow.parquet as pq
 
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
-from heraldps.data.global_batches import StreamedBatches
+from heraldps.data.global_batches import MiniBatchSizes, StreamedBatches
 from heraldps.modes import ALL_MODES
-from launcher.cli.data import first_pass
+from launcher.cli.data import count_rows, first_pass
 from launcher.feed import FeedConfig, run_feed
 from launcher.local import evaluate
 from ps_server.server import PSConfig, PSServer
@@ -99,8 +99,13 @@ def _data_and_plans(job: TrainingJob, cache_fraction: float = 0.1) -> TrainingJo
     evict). Returns the job with the first pass's numbers, as ``local``
     hands it to its processes."""
     spec = job.data_spec()
-    profile = first_pass(spec, what="warmup")
     config = SimulationConfig(job.data, job.format, cache_fraction=cache_fraction)
+    # As local does without --eval-data: rows counted by parsing, then one pass that
+    # profiles the rows before the cut, checks those after it and sizes every mini-batch.
+    cut = count_rows(spec) * 3 // 4
+    sizes = MiniBatchSizes(config.workers, config.batch_size_per_worker)
+    first_pass(spec, what="warmup", profile_rows=cut, on_chunk=sizes)
+    profile = first_pass(spec, what="warmup", on_chunk=sizes)
     batches = StreamedBatches(spec.with_stats(profile.dense_stats), profile.rows,
                               config.workers * config.batch_size_per_worker, None)  # fmt: skip
     simulate(batches, config, profile.total_distinct_keys)
