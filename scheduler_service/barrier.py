@@ -17,6 +17,7 @@ from collections.abc import Callable
 from heraldps.data.dataset import SparseDataset
 from heraldps.errors import (
     Aborted,
+    AlreadyExists,
     FailedPrecondition,
     HeraldError,
     InvalidArgument,
@@ -33,6 +34,13 @@ class UnknownWorker(InvalidArgument):
     """A worker id outside 0..num_workers-1."""
 
     reason = "UNKNOWN_WORKER"
+
+
+class DuplicateReport(AlreadyExists):
+    """A worker reported an iteration it had already reported: the report counts once, and
+    the duplicate changes nothing (no second commit, no second checkpoint, no loss twice)."""
+
+    reason = "DUPLICATE_REPORT"
 
 
 class RunAborted(Aborted):
@@ -209,6 +217,11 @@ class Barrier:
         with self._lock:
             self.check_running()
             current = self.committed + 1
+            if iteration < current:  # committed, so this worker's report was counted
+                raise DuplicateReport(
+                    f"worker {worker} reported iteration {iteration} again; it is already "
+                    "committed, and this report changed nothing"
+                )
             if iteration != current:
                 raise FailedPrecondition(
                     f"worker {worker} reported iteration {iteration}, but iteration {current} "
@@ -217,6 +230,11 @@ class Barrier:
             if iteration not in self._plans:
                 raise FailedPrecondition(f"iteration {iteration} has no released plans yet")
             done = self._done.setdefault(iteration, set())
+            if worker in done:  # also while the first report's commit is running
+                raise DuplicateReport(
+                    f"worker {worker} already reported iteration {iteration}; a report counts "
+                    "once, and this one changed nothing"
+                )
             done.add(worker)
             loss, count = self._loss.get(iteration, (0.0, 0))
             self._loss[iteration] = (loss + loss_sum, count + samples)
