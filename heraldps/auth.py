@@ -102,6 +102,13 @@ def _bearer(metadata: Any) -> str | None:
     return None
 
 
+def caller_role(tokens: Tokens, metadata: Any) -> str | None:
+    """The role the call's bearer token grants (None: no token, or an unknown one), for a
+    handler that lets the admin do more than a worker with the same RPC."""
+    presented = _bearer(metadata)
+    return None if presented is None else tokens.role_of(presented)
+
+
 class _RefusalLog:
     """Logs a refusal once per caller host, method and reason, not once per call: a
     client without a token would otherwise flood the log. Bounded, so it cannot grow

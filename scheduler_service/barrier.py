@@ -97,7 +97,7 @@ class Barrier:
     def num_workers(self) -> int:
         return self.scheduler.num_workers
 
-    def _check_worker(self, worker: int) -> None:
+    def check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.num_workers:
             raise UnknownWorker(
                 f"worker {worker} is unknown: this scheduler has workers 0..{self.num_workers - 1}"
@@ -105,7 +105,7 @@ class Barrier:
 
     def register(self, worker: int, collective_address: str = "") -> None:
         """Record a worker (again, after a restart); its all-reduce address if it has one."""
-        self._check_worker(worker)
+        self.check_worker(worker)
         with self._lock:
             self.registered.add(worker)
             self._collective[worker] = collective_address
@@ -185,7 +185,7 @@ class Barrier:
     def next_plan(self, worker: int, iteration: int | None, timeout: float) -> CommPlan | None:
         """Block until ``worker``'s plan for ``iteration`` (None: the iteration in progress)
         may flow; None when training ended or ``timeout`` passed (the caller checks again)."""
-        self._check_worker(worker)
+        self.check_worker(worker)
         with self._lock:
             if worker not in self.registered:
                 raise FailedPrecondition(f"worker {worker} must call RegisterWorker first")
@@ -213,7 +213,7 @@ class Barrier:
         self, worker: int, iteration: int, loss_sum: float = 0.0, samples: int = 0
     ) -> bool:
         """Record a worker's report; commit on the PS when it completes the iteration."""
-        self._check_worker(worker)
+        self.check_worker(worker)
         with self._lock:
             self.check_running()
             current = self.committed + 1

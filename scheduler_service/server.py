@@ -24,6 +24,8 @@ from scheduler_service.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 RESUME_WAIT_SECONDS = 120.0  # for the shards to come up before a resume loads them
+# How long a worker session without a plan stream stays live when --worker-timeout is 0.
+DEFAULT_SESSION_EXPIRY = 60.0
 ABORT_EXIT_SECONDS = 3.0  # an aborted run that can resume: answer ABORTED this long, then exit 1
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 # Feeding batches and ending the run are the operator's (the feed's); workers have the rest.
@@ -139,7 +141,8 @@ class SchedulerServer(GrpcProcess):
             self.stopping,
             self.shadow,
             compress_plans=config.compress_plans,
-            sessions=config.security.tokens().enabled,
+            tokens=config.security.tokens(),
+            session_expiry=config.worker_timeout or DEFAULT_SESSION_EXPIRY,
         )
         super().__init__(
             name="scheduler",
