@@ -27,7 +27,8 @@ SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 # The RPCs that create, replace, commit or copy out a model: the admin role's alone
 # (heraldps.auth); workers train with the rest.
 ADMIN_METHODS = tuple(
-    f"/{SERVICE_NAME}/{m}" for m in ("Save", "Load", "CreateTable", "Commit", "ExportIncremental")
+    f"/{SERVICE_NAME}/{m}"
+    for m in ("Save", "Load", "CreateTable", "Commit", "ExportIncremental", "Claim")
 )
 
 

@@ -28,6 +28,7 @@ from ps_server import paths, snapshot
 from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachedTable
 from ps_server.checks import check_steps
+from ps_server.claim import ShardClaims
 from ps_server.metrics import PSMetrics
 from ps_server.pull_response import PullResponseBuffer
 from ps_server.store import StagedStore
@@ -61,6 +62,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.snapshot_root = snapshot_root  # Save/Load stay under it (ps_server.paths)
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
+        self.claims = ShardClaims(store.shard_index)  # which run's scheduler it serves
         # The table memory cap; a Cached-PS's limit counts only calls' buffers, not its tables.
         table_cap = store.budget.limit_bytes if isinstance(store, StagedStore) else None
         metrics.memory_limit.labels(metrics.shard).set(table_cap or 0)
@@ -192,6 +194,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> ps_pb2.CommitResponse:
         started = time.perf_counter()
+        self.claims.check(request.fence if request.HasField("fence") else None, "commit")
         updated, already = self.store.commit(request.iteration)
         m = self.metrics
         if not already:
@@ -262,6 +265,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         check it and that it fits, and change nothing)."""
         if not request.path:
             raise InvalidArgument("load: path is empty; pass the directory given to Save")
+        self.claims.check(request.fence if request.HasField("fence") else None, "load")
         try:
             iteration, tables = snapshot.read_for_shard(
                 paths.confine(request.path, self.snapshot_root, "load"),
@@ -308,10 +312,19 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def GetShardInfo(
         self, request: ps_pb2.GetShardInfoRequest, context: grpc.ServicerContext
     ) -> ps_pb2.ShardInfo:
+        claim, max_epoch = self.claims.info()
         return ps_pb2.ShardInfo(
             shard_index=self.store.shard_index,
             num_shards=self.store.num_shards,
             committed_iteration=self.store.committed_iteration,
             tables=[self._info(t) for t in self.store.tables()],
             max_message_bytes=self.max_message_bytes,
+            claim=claim,
+            max_epoch=max_epoch,
         )
+
+    @unary_handler
+    def Claim(
+        self, request: ps_pb2.ClaimRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.ClaimResponse:
+        return self.claims.claim(request)

@@ -44,10 +44,11 @@ class Snapshots(ShardClient):
         """
         if not str(path):
             raise InvalidArgument("load: path is empty; pass the directory given to Save")
-        check = ps_pb2.LoadRequest(path=str(path), validate_only=True)
+        check = ps_pb2.LoadRequest(path=str(path), validate_only=True, fence=self.fence)
         self._all_shards("Load", check)
         self._widths.clear()
-        return sum(r.rows for r in self._all_shards("Load", ps_pb2.LoadRequest(path=str(path))))
+        load = ps_pb2.LoadRequest(path=str(path), fence=self.fence)
+        return sum(r.rows for r in self._all_shards("Load", load))
 
     def export_incremental(self, since_iteration: int, table: str = "") -> dict[str, ExportedRows]:
         """Rows changed by commits after ``since_iteration`` (-1: every row), per table."""

@@ -19,7 +19,9 @@ Errors (google.rpc codes):
                       store NaN/Inf, a damaged snapshot.
   NOT_FOUND           unknown table.
   ALREADY_EXISTS      CreateTable with a different spec for an existing name.
-  FAILED_PRECONDITION iteration older than the last committed one.
+  FAILED_PRECONDITION iteration older than the last committed one; a Commit,
+                      Load or Claim against a shard another run's scheduler
+                      holds (reason SHARD_CLAIMED, see Claim).
   ABORTED             WriteBack whose base_versions do not match.
   RESOURCE_EXHAUSTED  message over the size limit, memory cap reached, disk full.
   UNAVAILABLE         the shard is shutting down.
@@ -88,6 +90,17 @@ class ParameterServerStub:
     """Streams the rows changed by commits after `since_iteration`."""
     GetShardInfo: _grpc.UnaryUnaryMultiCallable[_ps_pb2.GetShardInfoRequest, _ps_pb2.ShardInfo]
     """Shard identity and commit progress."""
+    Claim: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ClaimRequest, _ps_pb2.ClaimResponse]
+    """A scheduler claims this shard for its run (a fence), renews the claim
+    while it lives, and releases it when it stops. While a claim is held and
+    its lease runs, Commit and Load (validate_only too) must carry that claim's
+    Fence; anything else is FAILED_PRECONDITION (reason SHARD_CLAIMED) naming
+    both runs. A shard never claimed, released, or whose holder's lease ran
+    out accepts every Commit and Load, fenced or not (clients other than the
+    scheduler, e.g. an operator's Load). A new claim needs an epoch above
+    every epoch this shard has granted, and is refused while another holder's
+    lease runs unless `force` is set (logged as a takeover).
+    """
 
 @_typing.type_check_only
 class ParameterServerAsyncStub(ParameterServerStub):
@@ -125,6 +138,17 @@ class ParameterServerAsyncStub(ParameterServerStub):
     """Streams the rows changed by commits after `since_iteration`."""
     GetShardInfo: _aio.UnaryUnaryMultiCallable[_ps_pb2.GetShardInfoRequest, _ps_pb2.ShardInfo]  # type: ignore[assignment]
     """Shard identity and commit progress."""
+    Claim: _aio.UnaryUnaryMultiCallable[_ps_pb2.ClaimRequest, _ps_pb2.ClaimResponse]  # type: ignore[assignment]
+    """A scheduler claims this shard for its run (a fence), renews the claim
+    while it lives, and releases it when it stops. While a claim is held and
+    its lease runs, Commit and Load (validate_only too) must carry that claim's
+    Fence; anything else is FAILED_PRECONDITION (reason SHARD_CLAIMED) naming
+    both runs. A shard never claimed, released, or whose holder's lease ran
+    out accepts every Commit and Load, fenced or not (clients other than the
+    scheduler, e.g. an operator's Load). A new claim needs an epoch above
+    every epoch this shard has granted, and is refused while another holder's
+    lease runs unless `force` is set (logged as a takeover).
+    """
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -237,5 +261,22 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.ShardInfo, _abc.Awaitable[_ps_pb2.ShardInfo]]:
         """Shard identity and commit progress."""
+
+    @_abc_1.abstractmethod
+    def Claim(
+        self,
+        request: _ps_pb2.ClaimRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.ClaimResponse, _abc.Awaitable[_ps_pb2.ClaimResponse]]:
+        """A scheduler claims this shard for its run (a fence), renews the claim
+        while it lives, and releases it when it stops. While a claim is held and
+        its lease runs, Commit and Load (validate_only too) must carry that claim's
+        Fence; anything else is FAILED_PRECONDITION (reason SHARD_CLAIMED) naming
+        both runs. A shard never claimed, released, or whose holder's lease ran
+        out accepts every Commit and Load, fenced or not (clients other than the
+        scheduler, e.g. an operator's Load). A new claim needs an epoch above
+        every epoch this shard has granted, and is refused while another holder's
+        lease runs unless `force` is set (logged as a takeover).
+        """
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
