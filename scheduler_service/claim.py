@@ -1,12 +1,12 @@
 """The scheduler's claim on its shards (``heraldps.fence``): taken before its first Load or
 Commit, renewed every third of the lease, released when it stops.
 
-Another run's live claim refuses the start at once (the shard's message names both runs).
-A claim of this same run is a predecessor's (a scheduler restarted after a crash, which
-could not release it): wait for its lease to run out, once; if it is renewed meanwhile,
-another scheduler of this run is alive, and the start is refused too. ``--force-takeover``
-takes the shards anyway; the old scheduler's next Commit (or renewal) is refused, and its
-run aborts.
+A claim someone else holds may be a dead scheduler's (one restarted after a crash could not
+release it): wait for its lease to run out, once. If its holder renews it meanwhile, that
+scheduler is alive, and the start is refused, the message naming both runs, whichever run
+the holder serves: a live run's shards are never loaded into or committed on by another
+scheduler, even one of the same job. ``--force-takeover`` takes the shards at once; the old
+scheduler's next Commit (or renewal) is refused, and its run aborts.
 """
 
 from __future__ import annotations
@@ -64,21 +64,21 @@ class ShardLease:
                     raise
                 self._release_quietly(epoch)  # the shards that granted it
                 holder = exc.metadata.get("holder_run")
-                if holder is None and (stale := stale + 1) < STALE_EPOCH_TRIES:
-                    continue  # another claim got that epoch first
-                if holder != self.run_id:
+                if holder is None:
+                    if (stale := stale + 1) < STALE_EPOCH_TRIES:
+                        continue  # another claim got that epoch first
                     raise
                 left = float(exc.metadata.get("expires_in", "0"))
                 if deadline is None:
                     deadline = time.monotonic() + left + 1.0
-                    log.info("shards held by an earlier scheduler of run %r (epoch %s): "
-                             "waiting %.1f s for its lease", self.run_id,
-                             exc.metadata.get("holder_epoch"), left)  # fmt: skip
+                    log.info("shards held by run %r (epoch %s): waiting %.1f s for its lease "
+                             "to run out (a crashed scheduler's) or be renewed (a live one's)",
+                             holder, exc.metadata.get("holder_epoch"), left)  # fmt: skip
                 if time.monotonic() > deadline:
+                    same = " (two schedulers of one run)" if holder == self.run_id else ""
                     raise ShardClaimed(
-                        f"{exc.message} (another scheduler of this same run renewed the claim "
-                        f"while this one waited for its lease: two schedulers of run "
-                        f"{self.run_id!r} are running)",
+                        f"{exc.message}. Its scheduler renewed the claim while this one (run "
+                        f"{self.run_id!r}) waited for the lease: it is alive{same}",
                         metadata=exc.metadata,
                     ) from None
                 time.sleep(min(max(left, 0.0) + 0.1, 1.0))
