@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from heraldps.client import PSClient
-from heraldps.errors import FailedPrecondition, InvalidArgument
+from heraldps.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from heraldps.optim import SGD
+from heraldps.security import ServerSecurity
 from heraldps.v1 import ps_pb2, scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.checkpointer import CheckpointConfig
 from scheduler_service.server import SchedulerConfig, SchedulerServer
@@ -26,6 +27,7 @@ from tests import processes
 from tests.conftest import ClusterFactory
 from tests.integration.test_scheduler_resume import _train
 from tests.integration.test_scheduler_service import CAPACITY, WORKERS, make_batches
+from tests.integration.test_security import client, shard
 
 LEASE = 3.0  # seconds: short, so a refused claim gives up quickly (after about one lease)
 
@@ -179,3 +181,21 @@ def test_claim_rules_on_a_shard(cluster: ClusterFactory) -> None:
         assert ps.shard_committed_iterations() == [2, 2]
     finally:
         intruder.close()
+
+
+def test_claim_needs_the_admin_token(tmp_path: Path) -> None:
+    admin, worker = tmp_path / "admin.token", tmp_path / "worker.token"
+    admin.write_text("admin-" + "a" * 32)
+    worker.write_text("worker-" + "w" * 32)
+    security = ServerSecurity(admin_token_file=str(admin), worker_token_file=str(worker))
+    with shard(security=security) as server:
+        for token, allowed in ((worker.read_text(), False), (admin.read_text(), True)):
+            caller = client(server, token=token)
+            try:
+                if allowed:
+                    caller.claim("job-a", 1, lease_seconds=5)
+                else:
+                    with pytest.raises(PermissionDenied, match="admin"):
+                        caller.claim("job-a", 1, lease_seconds=5)
+            finally:
+                caller.close()
