@@ -108,7 +108,7 @@ class ShardLease:
     def _release_quietly(self, epoch: int) -> None:
         try:
             self.ps.release_claim(self.run_id, epoch)
-        except HeraldError as exc:
+        except (HeraldError, ValueError) as exc:  # ValueError: the channels closed meanwhile
             log.warning("releasing the claim on the shards failed: %s", exc)
 
     def release(self) -> None:
