@@ -11,12 +11,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 from heraldps.client import PSClient
 from heraldps.errors import ResourceExhausted
 from heraldps.optim import AdaGrad
+from heraldps.v1 import ps_pb2, ps_pb2_grpc
 from ps_server.memory import TABLE_OVERHEAD_BYTES
 from tests import processes
 
@@ -170,3 +172,40 @@ def test_concurrent_creates_leave_every_shard_with_the_same_tables(
     created = sorted(name for name, outcome in outcomes.items() if outcome == "created")
     assert len(outcomes) == 8 and len(created) <= 3, outcomes
     assert cluster.tables_of_each() == [created, created]
+
+
+def test_a_create_that_fails_on_one_shard_is_dropped_from_the_others(
+    shards: type[Shards],
+) -> None:
+    """Shard 1's LMDB map (64 KiB) fills after some tables: that create passes every
+    check and fails only when written, so shard 0 has created it; the client drops it
+    there again."""
+    cluster = shards("cached", [["--cache-gb", "0.001"],
+                                ["--cache-gb", "0.001", "--max-disk-gb", "0.00006"]])  # fmt: skip
+    with PSClient(cluster.addresses) as ps:
+        made, err = create_until_refused(ps, 100)
+        assert "max-disk-gb" in str(err)
+        assert "dropped again from" in str(err.__notes__), err.__notes__
+        assert cluster.tables_of_each() == [sorted(made)] * 2
+
+
+def test_drop_table_removes_only_an_empty_table(shards: type[Shards]) -> None:
+    """The limit holds one 0.01 GB cache: dropping the empty table frees it for the next;
+    a table with rows (even rows a pull created, only in its cache) is never dropped."""
+    cluster = shards("cached", [["--cache-gb", "0.01", "--memory-limit-gb", "0.02"]])
+    with (
+        grpc.insecure_channel(cluster.addresses[0]) as channel,
+        PSClient(cluster.addresses) as ps,
+    ):
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        ps.create_table("empty", 4, AdaGrad())
+        stub.DropTable(ps_pb2.DropTableRequest(table="empty"))
+        assert ps.list_tables() == {}
+        ps.create_table("full", 4, AdaGrad())
+        ps.pull("full", np.arange(10, dtype=np.int64))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.DropTable(ps_pb2.DropTableRequest(table="full"))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert sorted(ps.list_tables()) == ["full"]
+        with pytest.raises(ResourceExhausted):
+            ps.create_table("second", 4, AdaGrad())
