@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 
 from heraldps.client import PSClient
-from heraldps.errors import ResourceExhausted
+from heraldps.errors import FailedPrecondition, ResourceExhausted
 from heraldps.optim import AdaGrad
+from heraldps.spec import TableSpec
 from heraldps.v1 import ps_pb2, ps_pb2_grpc
+from ps_server.cached_store import CachedStore
+from ps_server.cached_table import CachePolicy
 from ps_server.memory import TABLE_OVERHEAD_BYTES
 from tests import processes
 
@@ -209,3 +212,35 @@ def test_drop_table_removes_only_an_empty_table(shards: type[Shards]) -> None:
         assert sorted(ps.list_tables()) == ["full"]
         with pytest.raises(ResourceExhausted):
             ps.create_table("second", 4, AdaGrad())
+
+
+def test_a_data_dir_whose_tables_pass_the_limit_is_refused_at_start(tmp_path: Path) -> None:
+    policy = CachePolicy(cache_bytes=8 * 2**20)
+    store = CachedStore(tmp_path, policy=policy)
+    for name in ("a", "b", "c"):
+        store.create_table(TableSpec(name, 4, optimizer=AdaGrad()))
+    store.close()
+    with pytest.raises(FailedPrecondition, match=r"3 tables .* raise --memory-limit-gb"):
+        CachedStore(tmp_path, policy=policy, memory_limit_bytes=20 * 2**20)
+    CachedStore(tmp_path, policy=policy, memory_limit_bytes=30 * 2**20).close()
+
+
+def test_cached_gradient_buffers_count_against_the_limit(tmp_path: Path) -> None:
+    """A push whose buffer would pass the limit is refused and buffers nothing; a commit
+    gives the buffer's memory back."""
+    limit = 4 * 2**20 + TABLE_OVERHEAD_BYTES + 2 * 2**20
+    store = CachedStore(tmp_path, policy=CachePolicy(4 * 2**20), memory_limit_bytes=limit)
+    try:
+        store.create_table(TableSpec("t", 16, optimizer=AdaGrad()))
+        held = store.budget.used_bytes
+        small = np.arange(1000, dtype=np.int64)
+        store.push("t", 0, small, np.ones((1000, 16), np.float32))
+        assert store.budget.used_bytes > held
+        big = np.arange(100_000, dtype=np.int64)  # ~8 MB of buffer
+        with pytest.raises(ResourceExhausted, match="memory limit"):
+            store.push("t", 0, big, np.ones((100_000, 16), np.float32))
+        store.commit(0)
+        assert store.budget.used_bytes == held
+        assert store.table("t").rows == 1000  # only the first push was applied
+    finally:
+        store.close()
