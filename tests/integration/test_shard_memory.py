@@ -6,6 +6,7 @@ end with the same tables (docs/cached-ps.md, "Memory")."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -40,7 +41,9 @@ def rss_bytes(pid: int) -> int:
 class Shards:
     """Real shard processes; ``flags[i]`` are shard i's extra ``heraldps ps`` flags."""
 
-    def __init__(self, workdir: Path, store: str, flags: list[list[str]]) -> None:
+    def __init__(
+        self, workdir: Path, store: str, flags: list[list[str]], env: dict[str, str] | None = None
+    ) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.addresses: list[str] = []
         count = len(flags)
@@ -52,7 +55,7 @@ class Shards:
                     *extra]  # fmt: skip
             if store == "cached":
                 args += ["--data-dir", str(workdir / "data")]
-            self.procs.append(processes.start(name, args, workdir))
+            self.procs.append(processes.start(name, args, workdir, env))
         for index, proc in enumerate(self.procs):
             name = f"shard-{index}"
             port = processes.port(workdir / f"{name}.port", proc, workdir, name)
@@ -72,8 +75,10 @@ def shards(tmp_path: Path) -> Iterator[type[Shards]]:
     started: list[Shards] = []
 
     class Started(Shards):
-        def __init__(self, store: str, flags: list[list[str]]) -> None:
-            super().__init__(tmp_path, store, flags)
+        def __init__(
+            self, store: str, flags: list[list[str]], env: dict[str, str] | None = None
+        ) -> None:
+            super().__init__(tmp_path, store, flags, env)
             started.append(self)
 
     yield Started  # type: ignore[misc]
@@ -85,7 +90,9 @@ def test_empty_cached_tables_cost_only_the_per_table_overhead(shards: type[Shard
     """200 empty dim-4 tables of a 0.05 GB cache each (10 GB of caches configured): the
     shard grows by at most 200 x the documented overhead. Before, each table's cache was
     touched at CreateTable (about 100 MB each, checked after every table)."""
-    cluster = shards("cached", [["--cache-gb", "0.05"]])
+    # One malloc arena: the calls' temporaries, warmed up once, reuse the same heap
+    # (with two, whichever arena a call lands on keeps its own copy of them).
+    cluster = shards("cached", [["--cache-gb", "0.05"]], {**os.environ, "MALLOC_ARENA_MAX": "1"})
     pid = cluster.procs[0].pid
     keys = np.arange(50_000, dtype=np.int64)
     with PSClient(cluster.addresses) as ps:
