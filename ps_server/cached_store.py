@@ -221,8 +221,8 @@ class CachedStore(ShardTables[CachedTable]):
             check_initializer(spec)
             if len(self._tables) >= _MAX_TABLES:
                 raise ResourceExhausted(
-                    f"a Cached-PS shard holds at most {_MAX_TABLES} tables; use fewer tables "
-                    "or add shards"
+                    f"a Cached-PS shard holds at most {_MAX_TABLES} tables (every table lives "
+                    "on every shard); use fewer tables"
                 )
             what = f"table {spec.name!r} (--cache-gb and its overhead)"
             if validate_only:
