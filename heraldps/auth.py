@@ -2,7 +2,7 @@
 
 Two roles. ``worker`` may call the training RPCs (pull, push, write-back,
 versions, plans, reports); ``admin`` may call everything, including the RPCs
-that replace or end a model (Save, Load, CreateTable, Commit,
+that replace or end a model (Save, Load, CreateTable, DropTable, Commit,
 ExportIncremental, the scheduler's SubmitBatch and Finish). A caller proves its
 role with ``authorization: Bearer <token>`` metadata; a server knows each
 role's token from a file (``--admin-token-file``, ``--worker-token-file``).

@@ -63,9 +63,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
         self.claims = ShardClaims(store.shard_index)  # which run's scheduler it serves
-        # The table memory cap; a Cached-PS's limit counts only calls' buffers, not its tables.
-        table_cap = store.budget.limit_bytes if isinstance(store, StagedStore) else None
-        metrics.memory_limit.labels(metrics.shard).set(table_cap or 0)
+        # The memory cap: tables (a Cached-PS's whole caches) and calls' buffers.
+        metrics.memory_limit.labels(metrics.shard).set(store.budget.limit_bytes or 0)
         metrics.committed_iteration.labels(metrics.shard).set(store.committed_iteration)
 
     # ----- helpers ----------------------------------------------------------
@@ -105,12 +104,25 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def CreateTable(
         self, request: ps_pb2.CreateTableRequest, context: grpc.ServicerContext
     ) -> ps_pb2.CreateTableResponse:
-        table, created = self.store.create_table(TableSpec.from_proto(request.spec))
+        table, created = self.store.create_table(
+            TableSpec.from_proto(request.spec), request.validate_only
+        )
+        if table is None:  # validate_only: it would be created
+            return ps_pb2.CreateTableResponse()
         if created:
             log.info("created table %s", table.spec)
         self.metrics.add_table(table.name)
         self._observe_size(table)
         return ps_pb2.CreateTableResponse(table=self._info(table), created=created)
+
+    @unary_handler
+    def DropTable(
+        self, request: ps_pb2.DropTableRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.DropTableResponse:
+        self.store.drop_table(request.table)
+        log.info("dropped empty table %s", request.table)
+        self.metrics.drop_table(request.table)
+        return ps_pb2.DropTableResponse()
 
     @unary_handler
     def ListTables(

@@ -21,7 +21,8 @@ Errors (google.rpc codes):
   ALREADY_EXISTS      CreateTable with a different spec for an existing name.
   FAILED_PRECONDITION iteration older than the last committed one; a Commit,
                       Load or Claim against a shard another run's scheduler
-                      holds (reason SHARD_CLAIMED, see Claim).
+                      holds (reason SHARD_CLAIMED, see Claim); DropTable of a
+                      table that holds rows.
   ABORTED             WriteBack whose base_versions do not match.
   RESOURCE_EXHAUSTED  message over the size limit, memory cap reached, disk full.
   UNAVAILABLE         the shard is shutting down.
@@ -172,20 +173,60 @@ class CreateTableRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPEC_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """Check only (the spec, the table count, the memory limit); create nothing.
+    A client checks every shard this way before it creates on any.
+    """
     @_builtins.property
     def spec(self) -> _types_pb2.TableSpec: ...
     def __init__(
         self,
         *,
         spec: _types_pb2.TableSpec | None = ...,
+        validate_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateTableRequest: _TypeAlias = CreateTableRequest  # noqa: Y015
+
+@_typing.final
+class DropTableRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropTableRequest: _TypeAlias = DropTableRequest  # noqa: Y015
+
+@_typing.final
+class DropTableResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropTableResponse: _TypeAlias = DropTableResponse  # noqa: Y015
 
 @_typing.final
 class CreateTableResponse(_message.Message):

@@ -40,6 +40,11 @@ class ParameterServerStub:
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.CreateTableRequest.SerializeToString,
                 response_deserializer=heraldps_dot_v1_dot_ps__pb2.CreateTableResponse.FromString,
                 _registered_method=True)
+        self.DropTable = channel.unary_unary(
+                '/heraldps.v1.ParameterServer/DropTable',
+                request_serializer=heraldps_dot_v1_dot_ps__pb2.DropTableRequest.SerializeToString,
+                response_deserializer=heraldps_dot_v1_dot_ps__pb2.DropTableResponse.FromString,
+                _registered_method=True)
         self.ListTables = channel.unary_unary(
                 '/heraldps.v1.ParameterServer/ListTables',
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.ListTablesRequest.SerializeToString,
@@ -111,7 +116,17 @@ class ParameterServerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def CreateTable(self, request, context):
-        """Creates a table on this shard. Idempotent for an equal spec.
+        """Creates a table on this shard. Idempotent for an equal spec. A table that
+        would pass --memory-limit-gb is RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropTable(self, request, context):
+        """Removes an empty table from this shard (no rows, no buffered gradients;
+        otherwise FAILED_PRECONDITION). The client uses it to undo a CreateTable
+        that did not reach every shard.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -228,6 +243,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     request_deserializer=heraldps_dot_v1_dot_ps__pb2.CreateTableRequest.FromString,
                     response_serializer=heraldps_dot_v1_dot_ps__pb2.CreateTableResponse.SerializeToString,
             ),
+            'DropTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropTable,
+                    request_deserializer=heraldps_dot_v1_dot_ps__pb2.DropTableRequest.FromString,
+                    response_serializer=heraldps_dot_v1_dot_ps__pb2.DropTableResponse.SerializeToString,
+            ),
             'ListTables': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTables,
                     request_deserializer=heraldps_dot_v1_dot_ps__pb2.ListTablesRequest.FromString,
@@ -321,6 +341,33 @@ class ParameterServer:
             '/heraldps.v1.ParameterServer/CreateTable',
             heraldps_dot_v1_dot_ps__pb2.CreateTableRequest.SerializeToString,
             heraldps_dot_v1_dot_ps__pb2.CreateTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/heraldps.v1.ParameterServer/DropTable',
+            heraldps_dot_v1_dot_ps__pb2.DropTableRequest.SerializeToString,
+            heraldps_dot_v1_dot_ps__pb2.DropTableResponse.FromString,
             options,
             channel_credentials,
             insecure,

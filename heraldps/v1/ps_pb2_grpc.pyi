@@ -21,7 +21,8 @@ Errors (google.rpc codes):
   ALREADY_EXISTS      CreateTable with a different spec for an existing name.
   FAILED_PRECONDITION iteration older than the last committed one; a Commit,
                       Load or Claim against a shard another run's scheduler
-                      holds (reason SHARD_CLAIMED, see Claim).
+                      holds (reason SHARD_CLAIMED, see Claim); DropTable of a
+                      table that holds rows.
   ABORTED             WriteBack whose base_versions do not match.
   RESOURCE_EXHAUSTED  message over the size limit, memory cap reached, disk full.
   UNAVAILABLE         the shard is shutting down.
@@ -58,7 +59,14 @@ class ParameterServerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ParameterServerAsyncStub: ...
     CreateTable: _grpc.UnaryUnaryMultiCallable[_ps_pb2.CreateTableRequest, _ps_pb2.CreateTableResponse]
-    """Creates a table on this shard. Idempotent for an equal spec."""
+    """Creates a table on this shard. Idempotent for an equal spec. A table that
+    would pass --memory-limit-gb is RESOURCE_EXHAUSTED.
+    """
+    DropTable: _grpc.UnaryUnaryMultiCallable[_ps_pb2.DropTableRequest, _ps_pb2.DropTableResponse]
+    """Removes an empty table from this shard (no rows, no buffered gradients;
+    otherwise FAILED_PRECONDITION). The client uses it to undo a CreateTable
+    that did not reach every shard.
+    """
     ListTables: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ListTablesRequest, _ps_pb2.ListTablesResponse]
     """Lists the tables of this shard."""
     DescribeTable: _grpc.UnaryUnaryMultiCallable[_ps_pb2.DescribeTableRequest, _types_pb2.TableInfo]
@@ -106,7 +114,14 @@ class ParameterServerStub:
 class ParameterServerAsyncStub(ParameterServerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateTable: _aio.UnaryUnaryMultiCallable[_ps_pb2.CreateTableRequest, _ps_pb2.CreateTableResponse]  # type: ignore[assignment]
-    """Creates a table on this shard. Idempotent for an equal spec."""
+    """Creates a table on this shard. Idempotent for an equal spec. A table that
+    would pass --memory-limit-gb is RESOURCE_EXHAUSTED.
+    """
+    DropTable: _aio.UnaryUnaryMultiCallable[_ps_pb2.DropTableRequest, _ps_pb2.DropTableResponse]  # type: ignore[assignment]
+    """Removes an empty table from this shard (no rows, no buffered gradients;
+    otherwise FAILED_PRECONDITION). The client uses it to undo a CreateTable
+    that did not reach every shard.
+    """
     ListTables: _aio.UnaryUnaryMultiCallable[_ps_pb2.ListTablesRequest, _ps_pb2.ListTablesResponse]  # type: ignore[assignment]
     """Lists the tables of this shard."""
     DescribeTable: _aio.UnaryUnaryMultiCallable[_ps_pb2.DescribeTableRequest, _types_pb2.TableInfo]  # type: ignore[assignment]
@@ -157,7 +172,20 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request: _ps_pb2.CreateTableRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.CreateTableResponse, _abc.Awaitable[_ps_pb2.CreateTableResponse]]:
-        """Creates a table on this shard. Idempotent for an equal spec."""
+        """Creates a table on this shard. Idempotent for an equal spec. A table that
+        would pass --memory-limit-gb is RESOURCE_EXHAUSTED.
+        """
+
+    @_abc_1.abstractmethod
+    def DropTable(
+        self,
+        request: _ps_pb2.DropTableRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.DropTableResponse, _abc.Awaitable[_ps_pb2.DropTableResponse]]:
+        """Removes an empty table from this shard (no rows, no buffered gradients;
+        otherwise FAILED_PRECONDITION). The client uses it to undo a CreateTable
+        that did not reach every shard.
+        """
 
     @_abc_1.abstractmethod
     def ListTables(
