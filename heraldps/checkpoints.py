@@ -92,14 +92,20 @@ class Manifest:
         position = raw.pop("next_iteration", raw["iteration"] + 1)
         if position != raw["iteration"] + 1:
             raise ManifestError(
-                f"next_iteration {position!r} (the data position) is not iteration "
-                f"{raw['iteration']} + 1"
+                f"iteration {raw['iteration']} and next_iteration {position!r} (the data "
+                "position) disagree",
+                reason="disagrees",
             )
         return cls(**raw)
 
 
 class ManifestError(ValueError):
-    """A manifest that cannot be read or has a field of the wrong type or range."""
+    """A manifest that cannot be read, has a field of the wrong type or range
+    (``reason`` "unreadable"), or whose fields disagree ("disagrees")."""
+
+    def __init__(self, message: str, reason: str = "unreadable") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _is_int(low: int, high: int = MAX_ITERATION) -> Callable[[Any], bool]:
@@ -160,6 +166,7 @@ class Candidate:
     path: Path
     manifest: Manifest | None
     problem: str = ""
+    reason: str = ""  # the problem's kind: "unreadable" or "disagrees"
 
     @property
     def iteration(self) -> int:
@@ -180,7 +187,7 @@ def published(root: Path) -> list[Candidate]:
             try:
                 found.append(Candidate(entry, _read(entry)))
             except ManifestError as exc:
-                found.append(Candidate(entry, None, f"its {MANIFEST} is unreadable: {exc}"))
+                found.append(Candidate(entry, None, f"{MANIFEST}: {exc}", exc.reason))
     return found
 
 
@@ -213,7 +220,7 @@ def candidates(path: Path) -> list[Candidate]:
         try:
             return [Candidate(path, _read(path))]
         except ManifestError as exc:
-            return [Candidate(path, None, f"its {MANIFEST} is unreadable: {exc}")]
+            return [Candidate(path, None, f"{MANIFEST}: {exc}", exc.reason)]
     if _NAME.fullmatch(path.name) and path.is_dir():
         raise FailedPrecondition(
             f"checkpoint {str(path)!r} is incomplete (no {MANIFEST}: the run died while it was "

@@ -272,8 +272,9 @@ def run_mode(
     # Absolute: the scheduler hands it to the shards, which resolve it on their own.
     checkpoint_dir = (recovery.checkpoint_dir or workdir / "checkpoints").absolute()
     if recovery.checkpoint_every or recovery.max_restarts:
-        for old, _ in checkpoints.complete(checkpoint_dir):  # a new run: not an older run's
-            shutil.rmtree(old)
+        for old in checkpoints.published(checkpoint_dir):  # a new run: not an older run's
+            shutil.rmtree(old.path)
+        checkpoints.remove_partial(checkpoint_dir)
     restarts: list[Restart] = []
     failed_at = 0.0
     for attempt in range(recovery.max_restarts + 1):

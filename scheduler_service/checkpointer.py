@@ -198,7 +198,7 @@ class Checkpointer:
         """(metric reason, why) ``candidate`` cannot be resumed; ('', '') once it is loaded."""
         manifest = candidate.manifest
         if manifest is None:
-            return "unreadable", candidate.problem
+            return candidate.reason, candidate.problem
         why = self._job_disagrees(manifest) or checkpoints.disagreement(candidate.path, manifest)
         if why:
             return "disagrees", why

@@ -19,10 +19,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from heraldps import checkpoints
-from launcher.cluster import ClusterError
+from heraldps.client import PSClient
+from heraldps.optim import SGD
+from launcher.cluster import ClusterError, ps_process, scheduler_process, start_servers, stop_all
 from launcher.local import Recovery, run_mode
 from tests.e2e.test_local_training import small_job
 from tests.e2e.test_resume import Killer
@@ -44,6 +47,12 @@ def _iteration_ahead(new: Path, old: Path) -> None:
     """The issue's case: a manifest claiming 3 more iterations than its snapshots hold."""
     iteration = json.loads((new / checkpoints.MANIFEST).read_text())["iteration"]
     _edit_manifest(new, iteration=iteration + 3)
+
+
+def _iteration_and_position_ahead(new: Path, old: Path) -> None:
+    """The same, with the data position edited to match: only the snapshots disagree."""
+    iteration = json.loads((new / checkpoints.MANIFEST).read_text())["iteration"]
+    _edit_manifest(new, iteration=iteration + 3, next_iteration=iteration + 4)
 
 
 def _iteration_as_string(new: Path, old: Path) -> None:
@@ -99,6 +108,7 @@ class FreezeTamperKill(Killer):
 
 TAMPERS = {
     "iteration_ahead": _iteration_ahead,
+    "iteration_and_position_ahead": _iteration_and_position_ahead,
     "iteration_as_string": _iteration_as_string,
     "one_shard_swapped": _one_shard_swapped,
     "every_shard_swapped": _every_shard_swapped,
@@ -191,3 +201,53 @@ def test_a_full_checkpoint_disk_makes_room_and_leaves_no_partial_checkpoint(
     assert leftovers == [], leftovers
     log = (tmp_path / "run" / "scheduler.log").read_text()
     assert "before writing the next" in log, log[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"iteration": 17}, "iteration 17 and next_iteration 15 (the data position) disagree"),
+        ({"iteration": 17, "next_iteration": 18}, "says iteration 17, its folder ckpt-00000000001"),
+        ({"iteration": "14"}, "iteration is '14', expected an integer >= 0"),
+        ({"num_shards": 3}, "the manifest says 3 shards"),
+        ({"tables": [{"name": "emb", "dim": 4, "rows": 7}]}, "the manifest lists tables emb"),
+        ({"mode": "naive"}, "it was written in mode naive"),
+    ],
+)
+def test_a_deployed_scheduler_refuses_a_disagreeing_checkpoint_before_loading_anything(
+    tmp_path: Path, fields: dict[str, object], said: str
+) -> None:
+    """``heraldps scheduler --resume-from`` against real shard processes: the only checkpoint
+    disagrees with its snapshot or the run, so the scheduler exits 2 with one line saying
+    what disagrees (no traceback), and the shards still hold what they held."""
+    shards = [ps_process(i, 2, tmp_path) for i in range(2)]
+    try:
+        start_servers(shards)
+        ps = PSClient([s.address for s in shards])
+        ps.wait_ready()
+        ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+        keys = np.arange(40, dtype=np.int64)
+        ps.pull("emb", keys)
+        ps.commit(14)
+        root = tmp_path / "checkpoints"
+        target = checkpoints.begin(root, 14)
+        ps.save(str(target))
+        tables = [{"name": "emb", "dim": 4, "rows": 40}]
+        checkpoints.publish(target, checkpoints.Manifest(14, 2, "herald", 2, tables=tables))
+        _edit_manifest(target, **fields)
+        ps.push_gradients("emb", keys, np.ones((40, 4), np.float32), iteration=15)
+        ps.commit(15)  # the shards moved on: a load would take them back to 14
+        scheduler = scheduler_process(2, 100, "herald", ps.addresses, tmp_path,
+                                      extra=("--resume-from", str(root)))  # fmt: skip
+        with pytest.raises(ClusterError, match="exited during start-up"):
+            start_servers([scheduler])
+        assert scheduler.proc.wait(timeout=30) == 2
+        log = scheduler.log_path.read_text()
+        assert said in log and "verifies" in log, log
+        assert "Traceback" not in log, log
+        assert ps.shard_committed_iterations() == [15, 15]  # nothing was loaded
+        values, _ = ps.pull("emb", keys)
+        assert np.allclose(values, -0.1)
+        ps.close()
+    finally:
+        stop_all(shards)
