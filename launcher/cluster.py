@@ -37,6 +37,15 @@ class ClusterError(HeraldError):
     """A process of the local cluster failed or did not start."""
 
 
+class ProcessDied(ClusterError):
+    """A process of the local cluster exited: which one (``process``) and its exit code
+    (negative: the signal that killed it)."""
+
+    def __init__(self, message: str, process: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.process, self.exit_code = process, exit_code
+
+
 class Placement(TypedDict, total=False):
     """Where a process runs, as keyword arguments of the ``*_process`` functions: its
     address and network namespace on an emulated network (both absent: 127.0.0.1)."""

@@ -42,6 +42,7 @@ from launcher.cluster import (
     ClusterError,
     ManagedProcess,
     Placement,
+    ProcessDied,
     link_rates,
     ps_process,
     scheduler_process,
@@ -236,6 +237,8 @@ class Restart:
     failure: str  # the first line of its error
     resumed_at: int  # the first iteration trained again (0: no checkpoint yet)
     seconds_to_resume: float = float("nan")  # failure seen -> first new commit
+    process: str = ""  # the process that died ("" when none did: a timeout, an abort)
+    exit_code: int | None = None  # its exit code (negative: the signal that killed it)
 
 
 def run_mode(
@@ -269,8 +272,9 @@ def run_mode(
     # Absolute: the scheduler hands it to the shards, which resolve it on their own.
     checkpoint_dir = (recovery.checkpoint_dir or workdir / "checkpoints").absolute()
     if recovery.checkpoint_every or recovery.max_restarts:
-        for old, _ in checkpoints.complete(checkpoint_dir):  # a new run: not an older run's
-            shutil.rmtree(old)
+        for old in checkpoints.published(checkpoint_dir):  # a new run: not an older run's
+            shutil.rmtree(old.path)
+        checkpoints.remove_partial(checkpoint_dir)
     restarts: list[Restart] = []
     failed_at = 0.0
     for attempt in range(recovery.max_restarts + 1):
@@ -294,7 +298,10 @@ def run_mode(
             raise error
         failed_at = time.perf_counter()
         what = str(error).splitlines()[0].split("; its log")[0]  # the log stays: NAME.log.N
-        restarts.append(Restart(attempt, what, resumed_at=-1))
+        died = error if isinstance(error, ProcessDied) else None
+        restarts.append(Restart(attempt, what, resumed_at=-1,
+                                process=died.process if died else "",
+                                exit_code=died.exit_code if died else None))  # fmt: skip
         _keep_logs(workdir, attempt)
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -519,20 +526,11 @@ def _monitor(
                         f"(--worker-timeout): frozen or hung; its log ({scheduler.log_path}) "
                         f"ends with:\n{scheduler.log_tail()}"
                     ) from None
+            # A process that died is the cause; the feeder's lost connection only its echo.
+            _raise_if_died(stub, scheduler, servers, workers, mode, ask_timeout,
+                           wait=PROCESS_EXIT_WAIT_SECONDS if errors else 0.0)  # fmt: skip
             if errors:
-                raise ClusterError(f"{mode}: feeding batches failed: {errors[0]}")
-            for process in [*servers, *workers]:
-                code = process.proc.poll()
-                if code is not None and (code != 0 or process in servers):
-                    if process is not scheduler:  # a worker ended on the run's abort?
-                        try:
-                            stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=ask_timeout)
-                        except grpc.RpcError as err:
-                            _raise_if_aborted(err, mode)
-                    raise ClusterError(
-                        f"{mode}: {process.name} exited with code {code}; its log "
-                        f"({process.log_path}) ends with:\n{process.log_tail()}"
-                    )
+                raise ClusterError(f"{mode}: feeding batches failed: {_rpc_text(errors[0])}")
             if all(w.proc.poll() == 0 for w in workers):
                 return first_commit
             if status is not None and status.committed_iteration > after and first_commit is None:
@@ -548,6 +546,47 @@ def _monitor(
                 }
                 progress.update(mode, status.committed_iteration + 1, iterations, so_far)
             time.sleep(0.05)
+
+
+PROCESS_EXIT_WAIT_SECONDS = 2.0  # a feed error: how long to look for the process behind it
+
+
+def _raise_if_died(
+    stub: scheduler_pb2_grpc.SchedulerStub,
+    scheduler: ManagedProcess,
+    servers: list[ManagedProcess],
+    workers: list[ManagedProcess],
+    mode: str,
+    ask_timeout: float,
+    wait: float = 0.0,
+) -> None:
+    """ProcessDied naming the first server that exited (any code) or worker that failed,
+    with its exit code and log tail; with ``wait``, keep looking that long."""
+    deadline = time.monotonic() + wait
+    while True:
+        for process in [*servers, *workers]:
+            code = process.proc.poll()
+            if code is not None and (code != 0 or process in servers):
+                if process is not scheduler:  # a worker ended on the run's abort?
+                    try:
+                        stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=ask_timeout)
+                    except grpc.RpcError as err:
+                        _raise_if_aborted(err, mode)
+                raise ProcessDied(
+                    f"{mode}: {process.name} exited with code {code}; its log "
+                    f"({process.log_path}) ends with:\n{process.log_tail()}",
+                    process.name, code,
+                )  # fmt: skip
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
+
+
+def _rpc_text(exc: BaseException) -> str:
+    """An RPC error as its status code and details (not the channel's debug dump)."""
+    if isinstance(exc, grpc.RpcError) and isinstance(exc, grpc.Call):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)
 
 
 def _raise_if_aborted(err: grpc.RpcError, mode: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -148,3 +149,62 @@ class _CountsCollector:
     def describe(self) -> Iterator[CounterMetricFamily]:
         """The families (without samples), so the registry rejects a duplicate name."""
         return self.collect()
+
+
+class CheckpointMetrics:
+    """The scheduler's checkpoints (``heraldps_scheduler_checkpoint*``): written, failed,
+    how old and how big the newest good one is, and what a resume skipped."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        prefix = "heraldps_scheduler_checkpoint"
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"{prefix}{name}", doc, labels, registry=r)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"{prefix}{name}", doc, registry=r)
+
+        self.written = counter("s_written", "Checkpoints written and published")
+        self.failed = counter(
+            "_failures", "Checkpoints that failed (training went on; the newest good one stays)"
+        )
+        self.consecutive_failures = gauge(
+            "_consecutive_failures", "Checkpoints failed since the last one written"
+        )
+        self.last_good = gauge(
+            "_last_good_timestamp_seconds",
+            "Unix time the newest good checkpoint was written (0: none yet)",
+        )
+        self.age = gauge(
+            "_age_seconds", "Seconds since the newest good checkpoint was written (-1: none yet)"
+        )
+        self._last_good_time = 0.0
+        self.age.set_function(self._age)
+        self.bytes = gauge("_bytes", "Bytes on disk of the newest good checkpoint")
+        self.free_bytes = gauge(
+            "_free_bytes", "Bytes free on the checkpoint disk, after the last checkpoint"
+        )
+        self.pruned_for_space = counter(
+            "s_pruned_for_space", "Older checkpoints removed before a write to make room"
+        )
+        self.skipped = counter(
+            "s_skipped",
+            "Checkpoints a resume refused, by reason (unreadable, disagrees, damaged)",
+            ("reason",),
+        )
+        for reason in ("unreadable", "disagrees", "damaged"):
+            self.skipped.labels(reason)
+        self.fallbacks = counter(
+            "_fallbacks", "Resumes that took an older checkpoint because newer ones did not verify"
+        )
+
+    def _age(self) -> float:
+        last = self._last_good_time
+        return time.time() - last if last > 0 else -1.0
+
+    def good(self, when: float, size: int) -> None:
+        """A checkpoint was written (or resumed from) at Unix time ``when``."""
+        self._last_good_time = when
+        self.last_good.set(when)
+        self.bytes.set(size)

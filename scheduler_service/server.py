@@ -18,7 +18,7 @@ from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.barrier import Barrier, RunAborted
 from scheduler_service.checkpointer import CheckpointConfig, Checkpointer
 from scheduler_service.claim import ShardLease
-from scheduler_service.metrics import SchedulerMetrics
+from scheduler_service.metrics import CheckpointMetrics, SchedulerMetrics
 from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
 from scheduler_service.servicer import SchedulerServicer
 from scheduler_service.shadow import NaiveShadow
@@ -145,12 +145,13 @@ class SchedulerServer(GrpcProcess):
             else None
         )  # fmt: skip
         self.watchdog = Watchdog(self.barrier, config.worker_timeout)
-        self.checkpointer = (
-            Checkpointer(config.checkpoints, self.ps, config.mode, config.workers)
-            if self.ps is not None
-            else None
-        )
         self.metrics = SchedulerMetrics(config.mode)
+        checkpoint_metrics = CheckpointMetrics(self.metrics.registry)  # exported either way
+        self.checkpointer: Checkpointer | None = None
+        if self.ps is not None:
+            self.checkpointer = Checkpointer(
+                config.checkpoints, self.ps, config.mode, config.workers, checkpoint_metrics
+            )
         self.metrics.aborted.set_function(lambda: float(self.barrier.failure is not None))
         self.shadow = (
             NaiveShadow(config.workers, config.cache_rows)
@@ -214,12 +215,16 @@ class SchedulerServer(GrpcProcess):
     def resume(self) -> None:
         """Load the checkpoint ``--resume-from`` names into the shards and start after it,
         before serving: no worker sees a plan before the model is in place."""
-        if self.checkpointer is None or not self.config.checkpoints.resume_from:
+        if self.checkpointer is None:
+            return
+        if not self.config.checkpoints.resume_from:
+            self.checkpointer.clean_partial()
             return
         assert self.ps is not None and self.lease is not None
         self.ps.wait_ready(timeout=RESUME_WAIT_SECONDS)
         self.lease.acquire()  # before the Load: never into shards a live run holds
         manifest = self.checkpointer.resume()
+        self.checkpointer.clean_partial()
         if manifest is not None:
             self.barrier.resume_at(manifest.iteration, manifest.samples_seen)
             self.metrics.committed.set(manifest.iteration)

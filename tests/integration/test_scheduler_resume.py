@@ -135,6 +135,45 @@ def test_a_failed_checkpoint_is_logged_and_training_goes_on(
     assert blocked.read_text() == "in the way"
     failed = [r.getMessage() for r in caplog.records if "checkpoint of iteration" in r.getMessage()]
     assert len(failed) == 2 and all("failed" in m for m in failed), failed
+    metric = server.metrics.registry.get_sample_value
+    assert metric("heraldps_scheduler_checkpoint_failures_total") == 2
+    assert metric("heraldps_scheduler_checkpoint_consecutive_failures") == 2
+    assert metric("heraldps_scheduler_checkpoints_written_total") == 0
+    assert metric("heraldps_scheduler_checkpoint_age_seconds") == -1
+
+
+def test_checkpoint_metrics_count_what_was_written_and_what_a_resume_skipped(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    """Written checkpoints, their age and bytes; a resume whose newest checkpoint's manifest
+    is unreadable reports it (log and metric) and falls back to the one before."""
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    ps.pull("emb", np.arange(50, dtype=np.int64))
+    root = tmp_path / "ckpt"
+    first = _server(ps.addresses, CheckpointConfig(every=2, directory=str(root), keep=3))
+    first.start()
+    try:
+        _train(first, make_batches(6), finish=True)
+    finally:
+        first.stop(grace=0)
+    metric = first.metrics.registry.get_sample_value
+    assert metric("heraldps_scheduler_checkpoints_written_total") == 3
+    assert metric("heraldps_scheduler_checkpoint_consecutive_failures") == 0
+    assert 0 <= (metric("heraldps_scheduler_checkpoint_age_seconds") or -1) < 60
+    newest = checkpoints.complete(root)[-1][0]
+    assert metric("heraldps_scheduler_checkpoint_bytes") == checkpoints.size_bytes(newest)
+    (newest / checkpoints.MANIFEST).write_text("{")
+    second = _server(ps.addresses, CheckpointConfig(resume_from=str(root)))
+    second.start()
+    try:
+        assert ps.shard_committed_iterations() == [3, 3]
+        metric = second.metrics.registry.get_sample_value
+        skipped = metric("heraldps_scheduler_checkpoints_skipped_total", {"reason": "unreadable"})
+        assert skipped == 1
+        assert metric("heraldps_scheduler_checkpoint_fallbacks_total") == 1
+    finally:
+        second.stop(grace=0)
 
 
 def test_resuming_after_the_last_iteration_just_finishes(
@@ -144,9 +183,11 @@ def test_resuming_after_the_last_iteration_just_finishes(
     no batch, Finish ends every worker's plan stream at once, and the model stays loaded."""
     _, ps = cluster(2)
     ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    ps.commit(7)
     target = checkpoints.begin(tmp_path, 7)
     ps.save(str(target))
-    checkpoints.publish(target, checkpoints.Manifest(7, 2, "herald", WORKERS))
+    tables = [{"name": "emb", "dim": 4, "rows": 0}]
+    checkpoints.publish(target, checkpoints.Manifest(7, 2, "herald", WORKERS, tables=tables))
     server = _server(ps.addresses, CheckpointConfig(resume_from=str(tmp_path)))
     server.start()
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,44 @@ def test_checkpoint_paths_must_be_absolute() -> None:
     CheckpointConfig(
         every=5, directory="/snapshots/checkpoints", resume_from="/snapshots/checkpoints"
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("iteration", "14", "iteration is '14'"),
+        ("iteration", True, "iteration is True"),
+        ("iteration", -3, "iteration is -3"),
+        ("num_shards", 0, "num_shards is 0"),
+        ("tables", [{"name": "emb", "dim": "4", "rows": 1}], "tables is"),
+        ("samples_seen", 1.5, "samples_seen is 1.5"),
+        ("next_iteration", 99, "next_iteration 99"),
+        ("extra", 1, "unknown fields ['extra']"),
+    ],
+)
+def test_a_manifest_field_of_the_wrong_type_is_named(
+    tmp_path: Path, field: str, value: object, said: str
+) -> None:
+    """Checked on reading, before anything uses it: a string iteration once crashed the
+    scheduler after the shards were loaded."""
+    target = _write(tmp_path, 14)
+    raw = json.loads((target / checkpoints.MANIFEST).read_text())
+    raw[field] = value
+    (target / checkpoints.MANIFEST).write_text(json.dumps(raw))
+    (candidate,) = checkpoints.candidates(tmp_path)
+    assert candidate.manifest is None and said in candidate.problem, candidate.problem
+    assert checkpoints.resolve(tmp_path) is None
+
+
+def test_remove_partial_drops_every_checkpoint_without_a_manifest(tmp_path: Path) -> None:
+    _write(tmp_path, 3)
+    _write(tmp_path, 9, complete=False)
+    assert [p.name for p in checkpoints.remove_partial(tmp_path)] == ["ckpt-000000000009"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000003"]
+
+
+def test_make_room_never_removes_the_newest_good_checkpoint(tmp_path: Path) -> None:
+    paths = [_write(tmp_path, t) for t in (1, 3, 5, 7)]
+    removed = checkpoints.make_room(tmp_path, 1 << 62, paths[2])  # never enough room
+    assert removed == [paths[0], paths[1]]  # 7 is newer than the newest good one: not judged
+    assert sorted(p.name for p in tmp_path.iterdir()) == [paths[2].name, paths[3].name]
