@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from heraldps.auth import BearerToken, RoleCheck, Tokens, read_token
+from heraldps.ports import bind_grpc
 from heraldps.tls import TlsFiles
 
 
@@ -81,11 +82,17 @@ class ServerSecurity:
         tokens = self.tokens()
         return [RoleCheck(tokens, admin_methods)] if tokens.enabled else []
 
-    def bind(self, server: grpc.Server, address: str) -> int:
-        """Add a TLS or plaintext port; the port bound (0: binding failed)."""
+    def bind(
+        self, server: grpc.Server, host: str, port: int, what: str, flag: str = "--port"
+    ) -> int:
+        """Add a TLS or plaintext port to ``server`` (made with ``ports.NO_REUSEPORT``);
+        the port bound. OSError naming the port when it is in use (``heraldps.ports``)."""
         if self.tls.enabled:
-            return server.add_secure_port(address, self.tls.server_credentials())
-        return server.add_insecure_port(address)
+            credentials = self.tls.server_credentials()
+            return bind_grpc(
+                server, lambda a: server.add_secure_port(a, credentials), host, port, what, flag
+            )
+        return bind_grpc(server, server.add_insecure_port, host, port, what, flag)
 
 
 OPEN = ServerSecurity()

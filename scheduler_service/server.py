@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.modes import PIPELINED_MODE
+from heraldps.ports import check_port
 from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.traffic import Traffic
@@ -67,6 +68,8 @@ class SchedulerConfig:
     worker_timeout: float = 60.0
 
     def __post_init__(self) -> None:
+        check_port(self.port, "--port")
+        check_port(self.metrics_port, "--metrics-port")
         if not self.worker_timeout >= 0:  # also refuses NaN
             raise ValueError(
                 f"--worker-timeout must be >= 0 seconds (0: never), got {self.worker_timeout}"
