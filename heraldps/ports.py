@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+from collections.abc import Callable
 from http.server import HTTPServer
 
-import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 MAX_PORT = 65535
@@ -64,10 +64,10 @@ def _probe(host: str, port: int) -> bool:
 
 
 def bind_grpc(
-    server: grpc.Server, add_port: object, host: str, port: int, what: str, flag: str = "--port"
+    add_port: Callable[[str], int], host: str, port: int, what: str, flag: str = "--port"
 ) -> int:
-    """Bind ``server`` (made with ``NO_REUSEPORT``) to ``host:port`` with ``add_port``
-    (``server.add_insecure_port`` or a TLS equivalent taking the address); the port bound.
+    """Bind a server (made with ``NO_REUSEPORT``) to ``host:port`` with ``add_port`` (its
+    ``add_insecure_port``, or a TLS equivalent taking the address); the port bound.
 
     PortInUse when the port is taken; OSError when gRPC binds nothing (it returns 0 or
     raises RuntimeError, by version)."""
@@ -76,7 +76,7 @@ def bind_grpc(
         raise PortInUse(what, host, port, flag)
     address = f"{host}:{port}"
     try:
-        bound = int(add_port(address))  # type: ignore[operator]
+        bound = int(add_port(address))
     except RuntimeError:
         bound = 0
     if bound == 0:

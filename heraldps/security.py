@@ -104,9 +104,9 @@ class ServerSecurity:
         if self.tls.enabled:
             credentials = self.tls.server_credentials()
             return bind_grpc(
-                server, lambda a: server.add_secure_port(a, credentials), host, port, what, flag
+                lambda a: server.add_secure_port(a, credentials), host, port, what, flag
             )
-        return bind_grpc(server, server.add_insecure_port, host, port, what, flag)
+        return bind_grpc(server.add_insecure_port, host, port, what, flag)
 
 
 OPEN = ServerSecurity()
