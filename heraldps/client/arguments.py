@@ -99,6 +99,8 @@ def as_rows(rows: npt.ArrayLike, n: int, width: int, what: str) -> npt.NDArray[n
             f"{what} must have shape ({n}, {width}) (one row of the table's width per key), "
             f"got {array.shape}"
         )
+    if array.dtype == np.float32:
+        return np.ascontiguousarray(array)
     with np.errstate(over="ignore"):  # beyond float32: Inf, refused by the finite check
         return np.ascontiguousarray(array, dtype=np.float32)
 
