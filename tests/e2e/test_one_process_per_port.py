@@ -131,3 +131,23 @@ def test_worker_servers_refuse_a_port_in_use() -> None:
             serve_collective(Mailbox(0, 2, 8), "127.0.0.1", taken, 2**20, OPEN)
         with pytest.raises(OSError, match=f"{taken}.*in use"):
             WorkerMetrics(CollectorRegistry()).serve(taken)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["worker", "--collective-port", "70000"],
+        ["worker", "--metrics-port", "65536"],
+        ["feed", "--metrics-port", "-2"],
+    ],
+    ids=" ".join,
+)
+def test_worker_and_feed_ports_outside_the_range_are_refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "0..65535" in capsys.readouterr().err
