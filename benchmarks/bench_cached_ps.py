@@ -43,6 +43,7 @@ from heraldps.spec import TableSpec
 from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachePolicy
 from ps_server.lmdb_rows import encode_keys
+from ps_server.row_cache import cache_bytes
 from ps_server.server import PSConfig, PSServer
 from ps_server.store import StagedStore
 from ps_server.table import RowBlock
@@ -75,7 +76,7 @@ def build(
         np.ones(rows, np.int64),
         np.zeros(rows, np.int64),
     )
-    cached = CachedStore(directory, policy=CachePolicy(rows // 4 * (24 + 8 * DIM), 1.0, 0))
+    cached = CachedStore(directory, policy=CachePolicy(cache_bytes(rows // 4, DIM, DIM), 1.0, 0))
     cached.replace_all(0, [(spec, block)])
     staged = StagedStore()
     staged.replace_all(0, [(spec, block)])
@@ -88,7 +89,7 @@ def over_grpc(
     """Median seconds of ``pull_with_state`` through gRPC: (Staged-PS, Cached-PS), servers
     in this process, the Cached-PS reopened from ``directory`` with its cache refilled."""
     rows = block.keys.shape[0]
-    cache_gb = rows // 4 * (24 + 8 * DIM) / 2**30
+    cache_gb = cache_bytes(rows // 4, DIM, DIM) / 2**30
     staged = PSServer(PSConfig(host="127.0.0.1", port=0, grace_seconds=0))
     staged.store.replace_all(0, [(spec, block)])
     cached = PSServer(

@@ -2,7 +2,7 @@
 
 Two roles. ``worker`` may call the training RPCs (pull, push, write-back,
 versions, plans, reports); ``admin`` may call everything, including the RPCs
-that replace or end a model (Save, Load, CreateTable, Commit,
+that replace or end a model (Save, Load, CreateTable, DropTable, Commit,
 ExportIncremental, the scheduler's SubmitBatch and Finish). A caller proves its
 role with ``authorization: Bearer <token>`` metadata; a server knows each
 role's token from a file (``--admin-token-file``, ``--worker-token-file``).
@@ -100,6 +100,13 @@ def _bearer(metadata: Any) -> str | None:
         if key == METADATA_KEY and isinstance(value, str) and value.startswith("Bearer "):
             return value[len("Bearer ") :]
     return None
+
+
+def caller_role(tokens: Tokens, metadata: Any) -> str | None:
+    """The role the call's bearer token grants (None: no token, or an unknown one), for a
+    handler that lets the admin do more than a worker with the same RPC."""
+    presented = _bearer(metadata)
+    return None if presented is None else tokens.role_of(presented)
 
 
 class _RefusalLog:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 _HUGE_PAGE_MIN_BYTES = 4 * 2**20
+_RESERVE_MIN_BYTES = 64 * 2**10
 HUGE_PAGE = 2 * 2**20
 
 
@@ -41,6 +42,21 @@ def zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     if advice is not None:
         with contextlib.suppress(OSError):  # advice only; THP may be disabled
             mapping.madvise(advice)
+    return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
+
+
+def reserved_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A zero-filled array whose pages cost memory only once written (no huge pages: a
+    table that writes a few rows commits 4 KiB pages, not 2 MiB ones). A capacity
+    reserved up front this way is address space until rows arrive; small arrays are
+    plain NumPy ones."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dtype.itemsize
+    if nbytes < _RESERVE_MIN_BYTES:
+        return np.zeros(shape, dtype=dtype)
+    length = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+    mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
 
 

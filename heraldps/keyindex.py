@@ -310,6 +310,15 @@ class SlotMap:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def nbytes(self) -> int:
+        return int(self._slots.nbytes)
+
+    @staticmethod
+    def bytes_for(entries: int) -> int:
+        """Slot bytes once the map holds ``entries`` (it grows by doubling, never shrinks)."""
+        return _capacity_for(entries) * 16
+
     def lookup(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Value of every key, -1 where absent."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)

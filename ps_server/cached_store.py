@@ -25,6 +25,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,15 @@ from heraldps.spec import TableSpec
 from heraldps.v1 import types_pb2
 from ps_server.cached_table import CachedTable, CachePolicy
 from ps_server.checks import check_commit_order, check_initializer, check_same_spec
-from ps_server.memory import MemoryBudget
+from ps_server.memory import TABLE_OVERHEAD_BYTES, MemoryBudget
 from ps_server.shard_tables import ShardTables
 from ps_server.table import RowBlock
 
 FORMAT = b"heraldps-cached-ps/1"
 DURABILITY = ("sync", "periodic")
 _MAX_TABLES = 1000
+_COPIER_THREADS = 4  # helper threads copying cache hits, shared by every table
+_CACHE_HINT = "lower --cache-gb (each table's cache counts whole)"
 
 
 class CachedStore(ShardTables[CachedTable]):
@@ -62,14 +65,18 @@ class CachedStore(ShardTables[CachedTable]):
         durability: str = "sync",
         max_disk_gb: float = 1024.0,
         sync_seconds: float = 5.0,
+        memory_limit_bytes: int | None = None,
     ) -> None:
+        """``memory_limit_bytes`` (``--memory-limit-gb``) counts every table's whole
+        cache and overhead (charged at CreateTable, so a table that does not fit is
+        refused), gradient buffers, and the calls' buffers."""
         if durability not in DURABILITY:
             raise ValueError(f"--durability must be one of {', '.join(DURABILITY)}")
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.policy = policy or CachePolicy(cache_bytes=1 << 30)
         self.durability = durability
-        self.budget = MemoryBudget(None)
+        self.budget = MemoryBudget(memory_limit_bytes)
         self.path = Path(data_dir) / f"shard-{shard_index:05d}-of-{num_shards:05d}"
         self.data_dir = Path(data_dir).resolve()  # as opened, whatever the cwd later
         self.path.mkdir(parents=True, exist_ok=True)
@@ -96,10 +103,12 @@ class CachedStore(ShardTables[CachedTable]):
         self._commit_lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._tables: dict[str, CachedTable] = {}
+        self._copier = ThreadPoolExecutor(_COPIER_THREADS, thread_name_prefix="cache-copy")
         self.committed_iteration = -1
         try:
             self._open_existing()
         except BaseException:
+            self._copier.shutdown(wait=False)
             self.env.close()
             raise
         self._stop_sync = threading.Event()
@@ -140,10 +149,24 @@ class CachedStore(ShardTables[CachedTable]):
                 for key, value in cursor
                 if key.startswith(b"spec:")
             ]
+        need = len(specs) * self.table_bytes
+        try:
+            self.budget.charge(need, f"the {len(specs)} tables in {self.path}", _CACHE_HINT)
+        except ResourceExhausted as exc:
+            raise FailedPrecondition(str(exc)) from None
         for spec in specs:
-            self._tables[spec.name] = CachedTable(
-                spec, self.env, self.policy, self.committed_iteration
-            )
+            self._tables[spec.name] = self._new_table(spec, self.committed_iteration)
+
+    @property
+    def table_bytes(self) -> int:
+        """What a table holds of the memory limit: its whole cache, and the overhead."""
+        return self.policy.cache_bytes + TABLE_OVERHEAD_BYTES
+
+    def _new_table(
+        self, spec: TableSpec, committed: int, budget: MemoryBudget | None = None, txn: Any = None
+    ) -> CachedTable:
+        return CachedTable(spec, self.env, self.policy, committed, self._copier,
+                           budget or self.budget, txn)  # fmt: skip
 
     @contextlib.contextmanager
     def _write_txn(self) -> Iterator[Any]:
@@ -177,15 +200,19 @@ class CachedStore(ShardTables[CachedTable]):
 
     def close(self) -> None:
         self._stop_sync.set()
-        for table in self._tables.values():
-            table.close()
+        self._copier.shutdown(wait=True)
         with contextlib.suppress(lmdb.Error):
             self.env.sync(True)
         self.env.close()
         self._lock_file.close()
 
     # ----- tables -----------------------------------------------------------
-    def create_table(self, spec: TableSpec) -> tuple[CachedTable, bool]:
+    def create_table(
+        self, spec: TableSpec, validate_only: bool = False
+    ) -> tuple[CachedTable | None, bool]:
+        """Create a table, its cache charged whole to the memory limit (committed only as
+        rows arrive); an equal spec again is a no-op. ``validate_only``: every check, and
+        the limit, without creating (None, False), as a client does on every shard first."""
         with self._commit_lock, self._write_lock:
             existing = self._tables.get(spec.name)
             if existing is not None:
@@ -193,13 +220,43 @@ class CachedStore(ShardTables[CachedTable]):
                 return existing, False
             check_initializer(spec)
             if len(self._tables) >= _MAX_TABLES:
-                raise ResourceExhausted(f"a Cached-PS shard holds at most {_MAX_TABLES} tables")
-            table = CachedTable(spec, self.env, self.policy, self.committed_iteration)
-            with self._write_txn() as txn:
-                txn.put(f"spec:{spec.name}".encode(), spec.to_proto().SerializeToString(),
-                        db=self.meta)  # fmt: skip
+                raise ResourceExhausted(
+                    f"a Cached-PS shard holds at most {_MAX_TABLES} tables (every table lives "
+                    "on every shard); use fewer tables"
+                )
+            what = f"table {spec.name!r} (--cache-gb and its overhead)"
+            if validate_only:
+                self.budget.check(self.table_bytes, what, _CACHE_HINT)
+                return None, False
+            self.budget.charge(self.table_bytes, what, _CACHE_HINT)
+            try:
+                with self._write_txn() as txn:
+                    table = self._new_table(spec, self.committed_iteration, txn=txn)
+                    txn.put(f"spec:{spec.name}".encode(), spec.to_proto().SerializeToString(),
+                            db=self.meta)  # fmt: skip
+            except BaseException:
+                self.budget.release(self.table_bytes)
+                raise
             self._tables[spec.name] = table
             return table, True
+
+    def drop_table(self, name: str) -> None:
+        """Remove an empty table (undoing a CreateTable that did not reach every shard):
+        its LMDB database, spec and memory charge. A table with rows or buffered
+        gradients is FAILED_PRECONDITION: dropping never loses data."""
+        with self._commit_lock, self._write_lock:
+            table = self.table(name)
+            with table.lock:
+                if not table.empty:
+                    raise FailedPrecondition(
+                        f"table {name!r} holds rows or gradients; only an empty table is "
+                        "dropped (nothing was changed)"
+                    )
+                with self._write_txn() as txn:
+                    txn.drop(table.disk.db, delete=True)
+                    txn.delete(f"spec:{name}".encode(), db=self.meta)
+                del self._tables[name]
+            self.budget.release(self.table_bytes)
 
     # ----- training -------------------------------------------------------
     def push(
@@ -284,14 +341,15 @@ class CachedStore(ShardTables[CachedTable]):
             raise InvalidArgument("snapshot holds a table twice")
         with self._commit_lock, self._write_lock:
             built: dict[str, CachedTable] = {}
+            budget = MemoryBudget(self.budget.limit_bytes)
+            budget.charge(len(tables) * self.table_bytes,
+                          f"the snapshot's {len(tables)} tables", _CACHE_HINT)  # fmt: skip
             try:
                 with self._write_txn() as txn:
                     # Databases of new tables are created in the transaction: a failed or
                     # validate-only load leaves none behind.
                     for spec, _ in tables:
-                        built[spec.name] = CachedTable(
-                            spec, self.env, self.policy, committed_iteration, txn
-                        )
+                        built[spec.name] = self._new_table(spec, committed_iteration, budget, txn)
                     for old in self.tables():
                         if old.name not in built:
                             old.disk.clear(txn)
@@ -306,25 +364,14 @@ class CachedStore(ShardTables[CachedTable]):
                         raise _DryRun
             except _DryRun:
                 pass
-            except BaseException:
-                _close(built.values())
-                raise
-            if not apply:
-                _close(built.values())
-                return sum(len(block) for _, block in tables)
-            old_tables, self._tables = list(self._tables.values()), built
-            self.committed_iteration = committed_iteration
-            _close(old_tables)
+            if apply:
+                self._tables, self.budget = built, budget
+                self.committed_iteration = committed_iteration
             return sum(len(block) for _, block in tables)
 
 
 class _DryRun(Exception):
     """Raised inside a write transaction to abort it (a validate-only load)."""
-
-
-def _close(tables: Any) -> None:
-    for table in tables:
-        table.close()
 
 
 def _disk_nearly_full(path: Path) -> bool:

@@ -16,7 +16,7 @@ and a read transaction.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,8 @@ from ps_server.checks import (
 from ps_server.grad_buffer import GradBuffer
 from ps_server.kernels import copy_clocks, copy_rows
 from ps_server.lmdb_rows import LmdbRows
-from ps_server.row_cache import RowCache
+from ps_server.memory import MemoryBudget
+from ps_server.row_cache import RowCache, capacity_for
 from ps_server.table import RowBlock, paced_steps, sum_duplicates
 
 
@@ -69,8 +70,15 @@ class CachedTable:
         env: Any,
         policy: CachePolicy,
         committed_iteration: int,
+        copier: Executor,
+        budget: MemoryBudget,
         txn: Any = None,
     ) -> None:
+        """``copier``: the shard's helper threads that copy cache hits while this
+        thread reads misses from LMDB (shared: a thread per table would cost
+        every table a stack). ``budget``: the shard's memory budget, which the
+        store charged for the cache already; the table charges its gradient
+        buffers."""
         self.spec = spec
         self.dim = spec.dim
         self.state_width = spec.state_width
@@ -78,19 +86,18 @@ class CachedTable:
         self.committed_iteration = committed_iteration
         self.env = env
         self.disk = LmdbRows(env, spec.name, self.dim, self.state_width, txn)
-        capacity = policy.cache_bytes // self.row_bytes
+        capacity = capacity_for(policy.cache_bytes, self.dim, self.state_width)
         self.cache = RowCache(
             capacity, self.dim, self.state_width, policy.target_hit_rate, policy.max_num_evict
         )
         self._buffers: dict[int, GradBuffer] = {}
-        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cache-{spec.name}")
+        self._budget = budget
+        self._buffered = 0  # bytes of gradient buffers charged to the budget
+        self._copier = copier
 
     @property
     def name(self) -> str:
         return self.spec.name
-
-    def close(self) -> None:
-        self._copier.shutdown(wait=True)
 
     @property
     def row_bytes(self) -> int:
@@ -102,6 +109,11 @@ class CachedTable:
         with self.env.begin() as txn:
             on_disk = self.disk.count(txn)
         return on_disk + self.cache.fresh_rows
+
+    @property
+    def empty(self) -> bool:
+        """No row on disk or in the cache, no gradient buffered: dropping loses nothing."""
+        return not self.rows and not self._buffers
 
     @property
     def nbytes(self) -> int:
@@ -239,9 +251,20 @@ class CachedTable:
                 return True
             check_push_iteration(self.name, iteration, self.committed_iteration)
             buffer = self._buffers.get(iteration) or GradBuffer(self.dim)
+            growth = buffer.growth(keys, worker)[0]
+            what = f"push of {keys.shape[0]} gradients to {self.name!r}"
+            self._budget.charge(growth, what)
+            self._buffered += growth
             buffer.add(keys, grads, steps, worker)
             self._buffers[iteration] = buffer
+            self._account_buffers()
             return False
+
+    def _account_buffers(self) -> None:
+        """Charge the buffers' exact bytes (a push charged its estimate first)."""
+        exact = sum(b.nbytes for b in self._buffers.values())
+        self._budget.adjust(exact - self._buffered)
+        self._buffered = exact
 
     def _apply(
         self,
@@ -284,6 +307,8 @@ class CachedTable:
         """The transaction is durable: drop the applied buffers, refresh cached copies."""
         for it in its:
             del self._buffers[it]
+        if its:
+            self._account_buffers()
         self.committed_iteration = max(self.committed_iteration, iteration)
         if rows is not None:
             self._refresh_cache(rows)
@@ -320,7 +345,7 @@ class CachedTable:
                 return RowBlock(keys[pick], disk.values[pick], disk.state[pick],
                                 disk.versions[pick], disk.changed[pick])  # fmt: skip
             # Every row: also those created by a pull and so far only cached.
-            c = np.flatnonzero(self.cache.occupied & ~self.cache.on_disk)
+            c = self.cache.fresh_slots()
             return RowBlock(
                 np.concatenate([keys, self.cache.keys[c]]),
                 np.concatenate([disk.values, self.cache.values[c]]),

@@ -5,6 +5,8 @@ Labels are low-cardinality only: method, code, table, shard. Never a key.
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -80,3 +82,10 @@ class PSMetrics:
         (a dashboard query of, say, HET clock checks then returns 0, not nothing)."""
         for counter in (self.pulled, self.version_checks, self.pushed, self.written_back):
             counter.labels(self.shard, table)
+
+    def drop_table(self, table: str) -> None:
+        """Forget a dropped table's series (a table never created has none to show)."""
+        for family in (self.pulled, self.version_checks, self.pushed, self.written_back,
+                       self.rows, self.bytes):  # fmt: skip
+            with contextlib.suppress(KeyError):
+                family.remove(self.shard, table)

@@ -28,7 +28,8 @@ SERVICE_NAME = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 # The RPCs that create, replace, commit or copy out a model: the admin role's alone
 # (heraldps.auth); workers train with the rest.
 ADMIN_METHODS = tuple(
-    f"/{SERVICE_NAME}/{m}" for m in ("Save", "Load", "CreateTable", "Commit", "ExportIncremental")
+    f"/{SERVICE_NAME}/{m}"
+    for m in ("Save", "Load", "CreateTable", "DropTable", "Commit", "ExportIncremental", "Claim")
 )
 
 
@@ -50,7 +51,7 @@ class PSConfig:
     port_file: str | None = None
     store: str = "staged"  # staged (host memory) | cached (LMDB on disk + host cache)
     data_dir: str | None = None
-    cache_gb: float = 1.0  # per table, cached store
+    cache_gb: float = 1.0  # per table, cached store; counted whole by memory_limit_gb
     target_hit_rate: float = 1.0
     max_num_evict: int = -1
     durability: str = "sync"
@@ -151,12 +152,11 @@ class PSServer(GrpcProcess):
             policy = CachePolicy(
                 int(config.cache_gb * 2**30), config.target_hit_rate, config.max_num_evict
             )
+            # The limit counts every table's whole --cache-gb, gradient buffers and calls.
             self.store = CachedStore(
                 config.data_dir, config.shard_index, config.num_shards, policy,
-                config.durability, config.max_disk_gb,
+                config.durability, config.max_disk_gb, memory_limit_bytes=limit,
             )  # fmt: skip
-            # Its host cache is sized by --cache-gb; the limit counts the calls' buffers.
-            self.store.budget.limit_bytes = limit
         else:
             self.store = StagedStore(
                 config.shard_index, config.num_shards, limit, config.expected_rows

@@ -30,6 +30,7 @@ from ps_server import paths, snapshot
 from ps_server.cached_store import CachedStore
 from ps_server.cached_table import CachedTable
 from ps_server.checks import check_steps
+from ps_server.claim import ShardClaims
 from ps_server.metrics import PSMetrics
 from ps_server.pull_response import PullResponseBuffer
 from ps_server.store import StagedStore
@@ -63,9 +64,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.snapshot_root = snapshot_root  # Save/Load stay under it (ps_server.paths)
         self.metrics = metrics
         self.max_message_bytes = max_message_bytes
-        # The table memory cap; a Cached-PS's limit counts only calls' buffers, not its tables.
-        table_cap = store.budget.limit_bytes if isinstance(store, StagedStore) else None
-        metrics.memory_limit.labels(metrics.shard).set(table_cap or 0)
+        self.claims = ShardClaims(store.shard_index)  # which run's scheduler it serves
+        # The memory cap: tables (a Cached-PS's whole caches) and calls' buffers.
+        metrics.memory_limit.labels(metrics.shard).set(store.budget.limit_bytes or 0)
         metrics.committed_iteration.labels(metrics.shard).set(store.committed_iteration)
 
     # ----- helpers ----------------------------------------------------------
@@ -105,12 +106,25 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def CreateTable(
         self, request: ps_pb2.CreateTableRequest, context: grpc.ServicerContext
     ) -> ps_pb2.CreateTableResponse:
-        table, created = self.store.create_table(TableSpec.from_proto(request.spec))
+        table, created = self.store.create_table(
+            TableSpec.from_proto(request.spec), request.validate_only
+        )
+        if table is None:  # validate_only: it would be created
+            return ps_pb2.CreateTableResponse()
         if created:
             log.info("created table %s", table.spec)
         self.metrics.add_table(table.name)
         self._observe_size(table)
         return ps_pb2.CreateTableResponse(table=self._info(table), created=created)
+
+    @unary_handler
+    def DropTable(
+        self, request: ps_pb2.DropTableRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.DropTableResponse:
+        self.store.drop_table(request.table)
+        log.info("dropped empty table %s", request.table)
+        self.metrics.drop_table(request.table)
+        return ps_pb2.DropTableResponse()
 
     @unary_handler
     def ListTables(
@@ -194,6 +208,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> ps_pb2.CommitResponse:
         started = time.perf_counter()
+        self.claims.check(request.fence if request.HasField("fence") else None, "commit")
         updated, already = self.store.commit(request.iteration)
         m = self.metrics
         if not already:
@@ -262,6 +277,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """Replace every table with a snapshot, checked whole first (``validate_only``:
         check it and that it fits, and change nothing)."""
         check_path(request.path, "load")
+        self.claims.check(request.fence if request.HasField("fence") else None, "load")
         try:
             iteration, tables = snapshot.read_for_shard(
                 paths.confine(request.path, self.snapshot_root, "load"),
@@ -309,10 +325,19 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def GetShardInfo(
         self, request: ps_pb2.GetShardInfoRequest, context: grpc.ServicerContext
     ) -> ps_pb2.ShardInfo:
+        claim, max_epoch = self.claims.info()
         return ps_pb2.ShardInfo(
             shard_index=self.store.shard_index,
             num_shards=self.store.num_shards,
             committed_iteration=self.store.committed_iteration,
             tables=[self._info(t) for t in self.store.tables()],
             max_message_bytes=self.max_message_bytes,
+            claim=claim,
+            max_epoch=max_epoch,
         )
+
+    @unary_handler
+    def Claim(
+        self, request: ps_pb2.ClaimRequest, context: grpc.ServicerContext
+    ) -> ps_pb2.ClaimResponse:
+        return self.claims.claim(request)

@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.errors import InvalidArgument
+from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.keyindex import distinct
 from heraldps.spec import TableSpec
 from ps_server.checks import check_commit_order, check_initializer, check_same_spec
-from ps_server.memory import MemoryBudget
+from ps_server.memory import TABLE_OVERHEAD_BYTES, MemoryBudget
+from ps_server.row_index import SLOT_BYTES, capacity_for
 from ps_server.shard_tables import ShardTables
 from ps_server.table import RowBlock, StagedTable
 
@@ -56,17 +57,45 @@ class StagedStore(ShardTables[StagedTable]):
         self._commit_lock = threading.RLock()
 
     # ----- tables -----------------------------------------------------------
-    def create_table(self, spec: TableSpec) -> tuple[StagedTable, bool]:
-        """Create a table; an equal spec again is a no-op, a different one an error."""
+    def create_table(
+        self, spec: TableSpec, validate_only: bool = False
+    ) -> tuple[StagedTable | None, bool]:
+        """Create a table; an equal spec again is a no-op, a different one an error.
+        ``validate_only``: every check, and the memory limit, without creating
+        (None, False), as a client does on every shard before it creates."""
         with self._commit_lock:
             existing = self._tables.get(spec.name)
             if existing is not None:
                 check_same_spec(existing.spec, spec)
                 return existing, False
             check_initializer(spec)
-            table = StagedTable(spec, self.budget, self.committed_iteration, self.expected_rows)
+            what = f"table {spec.name!r} (its key index and overhead)"
+            if validate_only:
+                index = capacity_for(self.expected_rows) * SLOT_BYTES
+                self.budget.check(TABLE_OVERHEAD_BYTES + index, what)
+                return None, False
+            self.budget.charge(TABLE_OVERHEAD_BYTES, what)
+            try:
+                table = StagedTable(spec, self.budget, self.committed_iteration, self.expected_rows)
+            except BaseException:
+                self.budget.release(TABLE_OVERHEAD_BYTES)
+                raise
             self._tables[spec.name] = table
             return table, True
+
+    def drop_table(self, name: str) -> None:
+        """Remove an empty table (undoing a CreateTable that did not reach every shard)
+        and give back its memory; one with rows or gradients is FAILED_PRECONDITION."""
+        with self._commit_lock:
+            table = self.table(name)
+            with table.lock:
+                if table.rows or table.nbytes > table.index_bytes:
+                    raise FailedPrecondition(
+                        f"table {name!r} holds rows or gradients; only an empty table is "
+                        "dropped (nothing was changed)"
+                    )
+                del self._tables[name]
+                self.budget.release(table.nbytes + TABLE_OVERHEAD_BYTES)
 
     # ----- training -------------------------------------------------------
     def push(
@@ -138,6 +167,8 @@ class StagedStore(ShardTables[StagedTable]):
         """
         with self._commit_lock:
             fresh_budget = MemoryBudget(self.budget.limit_bytes)
+            fresh_budget.charge(len(tables) * TABLE_OVERHEAD_BYTES,
+                                f"the snapshot's {len(tables)} tables")  # fmt: skip
             built: dict[str, StagedTable] = {}
             for spec, block in tables:
                 if spec.name in built:

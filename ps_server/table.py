@@ -210,6 +210,11 @@ class StagedTable:
     def nbytes(self) -> int:
         return self._charged
 
+    @property
+    def index_bytes(self) -> int:
+        """Bytes of the key index alone (all an empty table holds)."""
+        return self._index.nbytes
+
     def _exact_bytes(self) -> int:
         return (
             self.rows * self.row_bytes

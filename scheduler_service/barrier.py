@@ -17,6 +17,7 @@ from collections.abc import Callable
 from heraldps.data.dataset import SparseDataset
 from heraldps.errors import (
     Aborted,
+    AlreadyExists,
     FailedPrecondition,
     HeraldError,
     InvalidArgument,
@@ -33,6 +34,13 @@ class UnknownWorker(InvalidArgument):
     """A worker id outside 0..num_workers-1."""
 
     reason = "UNKNOWN_WORKER"
+
+
+class DuplicateReport(AlreadyExists):
+    """A worker reported an iteration it had already reported: the report counts once, and
+    the duplicate changes nothing (no second commit, no second checkpoint, no loss twice)."""
+
+    reason = "DUPLICATE_REPORT"
 
 
 class RunAborted(Aborted):
@@ -89,7 +97,7 @@ class Barrier:
     def num_workers(self) -> int:
         return self.scheduler.num_workers
 
-    def _check_worker(self, worker: int) -> None:
+    def check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.num_workers:
             raise UnknownWorker(
                 f"worker {worker} is unknown: this scheduler has workers 0..{self.num_workers - 1}"
@@ -97,7 +105,7 @@ class Barrier:
 
     def register(self, worker: int, collective_address: str = "") -> None:
         """Record a worker (again, after a restart); its all-reduce address if it has one."""
-        self._check_worker(worker)
+        self.check_worker(worker)
         with self._lock:
             self.registered.add(worker)
             self._collective[worker] = collective_address
@@ -177,7 +185,7 @@ class Barrier:
     def next_plan(self, worker: int, iteration: int | None, timeout: float) -> CommPlan | None:
         """Block until ``worker``'s plan for ``iteration`` (None: the iteration in progress)
         may flow; None when training ended or ``timeout`` passed (the caller checks again)."""
-        self._check_worker(worker)
+        self.check_worker(worker)
         with self._lock:
             if worker not in self.registered:
                 raise FailedPrecondition(f"worker {worker} must call RegisterWorker first")
@@ -205,10 +213,15 @@ class Barrier:
         self, worker: int, iteration: int, loss_sum: float = 0.0, samples: int = 0
     ) -> bool:
         """Record a worker's report; commit on the PS when it completes the iteration."""
-        self._check_worker(worker)
+        self.check_worker(worker)
         with self._lock:
             self.check_running()
             current = self.committed + 1
+            if iteration < current:  # committed, so this worker's report was counted
+                raise DuplicateReport(
+                    f"worker {worker} reported iteration {iteration} again; it is already "
+                    "committed, and this report changed nothing"
+                )
             if iteration != current:
                 raise FailedPrecondition(
                     f"worker {worker} reported iteration {iteration}, but iteration {current} "
@@ -217,6 +230,11 @@ class Barrier:
             if iteration not in self._plans:
                 raise FailedPrecondition(f"iteration {iteration} has no released plans yet")
             done = self._done.setdefault(iteration, set())
+            if worker in done:  # also while the first report's commit is running
+                raise DuplicateReport(
+                    f"worker {worker} already reported iteration {iteration}; a report counts "
+                    "once, and this one changed nothing"
+                )
             done.add(worker)
             loss, count = self._loss.get(iteration, (0.0, 0))
             self._loss[iteration] = (loss + loss_sum, count + samples)

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from dataclasses import asdict, dataclass, field
 
 from heraldps.admission import Limits
 from heraldps.client import PSClient
+from heraldps.fence import MAX_LEASE_SECONDS, MAX_RUN_ID_CHARS, MIN_LEASE_SECONDS
 from heraldps.modes import PIPELINED_MODE
 from heraldps.ports import check_port
 from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service.barrier import Barrier
+from scheduler_service.barrier import Barrier, RunAborted
 from scheduler_service.checkpointer import CheckpointConfig, Checkpointer
+from scheduler_service.claim import ShardLease
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
 from scheduler_service.servicer import SchedulerServicer
@@ -25,6 +28,8 @@ from scheduler_service.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 RESUME_WAIT_SECONDS = 120.0  # for the shards to come up before a resume loads them
+# How long a worker session without a plan stream stays live when --worker-timeout is 0.
+DEFAULT_SESSION_EXPIRY = 60.0
 ABORT_EXIT_SECONDS = 3.0  # an aborted run that can resume: answer ABORTED this long, then exit 1
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 # Feeding batches and ending the run are the operator's (the feed's); workers have the rest.
@@ -66,10 +71,23 @@ class SchedulerConfig:
     # A worker that has not reported the iteration in progress this many seconds after
     # it could start (or after the worker last spoke) aborts the run; 0: never.
     worker_timeout: float = 60.0
+    # Fencing (heraldps.fence): the run this scheduler claims the shards for ("": its
+    # --job-fingerprint, else a fresh random id), the claim's lease, and whether to take
+    # shards another run's live scheduler holds.
+    run_id: str = ""
+    claim_lease_seconds: float = 30.0
+    force_takeover: bool = False
 
     def __post_init__(self) -> None:
         check_port(self.port, "--port")
         check_port(self.metrics_port, "--metrics-port")
+        if len(self.run_id) > MAX_RUN_ID_CHARS:
+            raise ValueError(f"--run-id has at most {MAX_RUN_ID_CHARS} characters")
+        if not MIN_LEASE_SECONDS <= self.claim_lease_seconds <= MAX_LEASE_SECONDS:
+            raise ValueError(
+                f"--claim-lease-seconds must be in [{MIN_LEASE_SECONDS:g}, "
+                f"{MAX_LEASE_SECONDS:g}], got {self.claim_lease_seconds}"
+            )
         if not self.worker_timeout >= 0:  # also refuses NaN
             raise ValueError(
                 f"--worker-timeout must be >= 0 seconds (0: never), got {self.worker_timeout}"
@@ -120,6 +138,15 @@ class SchedulerServer(GrpcProcess):
             config.expected_keys,
         )  # fmt: skip
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
+        self.run_id = (
+            config.run_id or config.checkpoints.fingerprint or f"run-{secrets.token_hex(4)}"
+        )
+        self.lease = (
+            ShardLease(self.ps, self.run_id, config.claim_lease_seconds, config.force_takeover,
+                       self._lost_claim)
+            if self.ps is not None
+            else None
+        )  # fmt: skip
         self.watchdog = Watchdog(self.barrier, config.worker_timeout)
         self.checkpointer = (
             Checkpointer(config.checkpoints, self.ps, config.mode, config.workers)
@@ -142,7 +169,8 @@ class SchedulerServer(GrpcProcess):
             self.stopping,
             self.shadow,
             compress_plans=config.compress_plans,
-            sessions=config.security.tokens().enabled,
+            tokens=config.security.tokens(),
+            session_expiry=config.worker_timeout or DEFAULT_SESSION_EXPIRY,
         )
         super().__init__(
             name="scheduler",
@@ -169,9 +197,17 @@ class SchedulerServer(GrpcProcess):
             return None
         return self.shadow.counts
 
+    def _lost_claim(self, why: str) -> None:
+        self.barrier.fail(
+            RunAborted(f"this scheduler (run {self.run_id!r}) lost its claim on the shards: "
+                       f"{why}; the run is aborted")
+        )  # fmt: skip
+
     def _commit(self, iteration: int) -> None:
         """Every worker reported ``iteration``: commit it on every PS shard."""
         if self.ps is not None:
+            assert self.lease is not None
+            self.lease.acquire()  # at the first commit, unless a resume claimed them
             self.ps.commit(iteration)
         self.barrier.committed_on_ps()  # the snapshot below is not a frozen shard
         log.info("committed iteration %d", iteration)
@@ -183,8 +219,9 @@ class SchedulerServer(GrpcProcess):
         before serving: no worker sees a plan before the model is in place."""
         if self.checkpointer is None or not self.config.checkpoints.resume_from:
             return
-        assert self.ps is not None
+        assert self.ps is not None and self.lease is not None
         self.ps.wait_ready(timeout=RESUME_WAIT_SECONDS)
+        self.lease.acquire()  # before the Load: never into shards a live run holds
         manifest = self.checkpointer.resume()
         if manifest is not None:
             self.barrier.resume_at(manifest.iteration, manifest.samples_seen)
@@ -223,6 +260,8 @@ class SchedulerServer(GrpcProcess):
 
     def stop(self, grace: float | None = None) -> None:
         super().stop(grace)
+        if self.lease is not None:
+            self.lease.release()
         if self.ps is not None:
             self.ps.close()
 

@@ -10,8 +10,14 @@ from collections.abc import Iterator
 import grpc
 
 from heraldps import wire
-from heraldps.auth import SESSION_METADATA_KEY
-from heraldps.errors import DeadlineExceeded, InvalidArgument, Unavailable, shown
+from heraldps.auth import ADMIN, SESSION_METADATA_KEY, Tokens, caller_role
+from heraldps.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    PermissionDenied,
+    Unavailable,
+    shown,
+)
 from heraldps.plan import CommPlan, plan_to_proto
 from heraldps.samples import decode_samples
 from heraldps.status import stream_handler, unary_handler
@@ -45,11 +51,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         stopping: threading.Event,
         shadow: NaiveShadow | None = None,
         compress_plans: bool = False,
-        sessions: bool = False,
+        tokens: Tokens | None = None,
+        session_expiry: float = 60.0,
     ) -> None:
-        """``sessions``: refuse plans and reports without the worker's session."""
+        """``tokens``: the server's tokens; when on, refuse plans and reports without the
+        worker's session, and a second registration of a live worker id."""
         self.barrier = barrier
-        self.sessions = WorkerSessions(enforce=sessions)
+        self.tokens = tokens or Tokens()
+        self.sessions = WorkerSessions(self.tokens.enabled, session_expiry)
         self.metrics = metrics
         self.table = table
         self.stopping = stopping
@@ -84,8 +93,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 f"collective_address must be host:port (at most {MAX_ADDRESS_CHARS} characters), "
                 f"got {address[:80]!r}"
             )
+        self.barrier.check_worker(request.worker_id)
+        role = caller_role(self.tokens, context.invocation_metadata())
+        if request.take_over and self.tokens.enabled and role != ADMIN:
+            raise PermissionDenied(
+                f"take_over of worker {request.worker_id} needs the admin role; a worker "
+                "token may only register an id nobody holds"
+            )
+        session = self.sessions.issue(request.worker_id, request.take_over)
         self.barrier.register(request.worker_id, address)
-        session = self.sessions.issue(request.worker_id)
         context.set_trailing_metadata(((SESSION_METADATA_KEY, session),))
         self._waiting_since[request.worker_id] = time.monotonic()
         self.metrics.registered.set(len(self.barrier.registered))
@@ -144,21 +160,31 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def WatchPlans(
         self, request: scheduler_pb2.WatchPlansRequest, context: grpc.ServicerContext
     ) -> Iterator[scheduler_pb2.CommPlan]:
-        self.sessions.check(request.worker_id, context.invocation_metadata())
-        iteration: int | None = None  # the iteration in progress, once batches arrive
+        worker = request.worker_id
+        session = self.sessions.check(worker, context.invocation_metadata())
         if self.compress_plans:
             context.set_compression(grpc.Compression.Gzip)
+        self.sessions.stream_opened(worker, session)
+        lost = True  # unless the stream ends with the plans
+        try:
+            yield from self._plans_of(worker, context)
+            lost = not context.is_active()
+        finally:
+            self.sessions.stream_closed(worker, session, lost)
+
+    def _plans_of(
+        self, worker: int, context: grpc.ServicerContext
+    ) -> Iterator[scheduler_pb2.CommPlan]:
+        iteration: int | None = None  # the iteration in progress, once batches arrive
         while context.is_active() and not self.stopping.is_set():
-            plan = self.barrier.next_plan(request.worker_id, iteration, WATCH_POLL_SECONDS)
+            plan = self.barrier.next_plan(worker, iteration, WATCH_POLL_SECONDS)
             if plan is None:
                 if self.barrier.is_over(iteration):
                     return
                 continue
-            since = self._waiting_since.pop(request.worker_id, None)
+            since = self._waiting_since.pop(worker, None)
             if since is not None:
-                self.metrics.plan_wait.labels(str(request.worker_id)).observe(
-                    time.monotonic() - since
-                )
+                self.metrics.plan_wait.labels(str(worker)).observe(time.monotonic() - since)
             yield plan_to_proto(plan, self.table)
             if plan.final_flush:
                 return

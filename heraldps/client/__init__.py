@@ -16,6 +16,7 @@ shard was at its concurrency limit and never started it. Every failed RPC raises
 
 from __future__ import annotations
 
+from heraldps.client.claims import Claims
 from heraldps.client.dense import DENSE_ROW_WIDTH, DenseParameter, DenseParameters
 from heraldps.client.keysets import KeysetPrefetch, read_keyset, write_keyset
 from heraldps.client.snapshots import ExportedRows, Snapshots
@@ -32,5 +33,5 @@ __all__ = [
 ]
 
 
-class PSClient(Snapshots, KeysetPrefetch, DenseParameters):
+class PSClient(Snapshots, KeysetPrefetch, DenseParameters, Claims):
     """A connection to every shard of a cluster, in shard order: tables, rows, snapshots."""

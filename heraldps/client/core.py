@@ -87,6 +87,9 @@ class ShardClient:
         ]
         self._widths: dict[str, tuple[int, int]] = {}
         self._shard_limit: int | None = None
+        # The claim commit and load carry once this client claimed the shards
+        # (heraldps.client.claims; a scheduler's). None: unfenced calls.
+        self.fence: ps_pb2.Fence | None = None
 
     @property
     def num_shards(self) -> int:
@@ -298,7 +301,8 @@ class ShardClient:
         """Commit ``iteration`` on every shard; return the rows updated (0 if already done)."""
         iteration = integer(iteration, "commit: iteration")
         checks.iteration("commit", iteration)
-        responses = self._all_shards("Commit", ps_pb2.CommitRequest(iteration=iteration))
+        request = ps_pb2.CommitRequest(iteration=iteration, fence=self.fence)
+        responses = self._all_shards("Commit", request)
         return sum(r.rows_updated for r in responses)
 
     def committed_iteration(self) -> int:

@@ -44,10 +44,11 @@ class Snapshots(ShardClient):
         loaded and itself as it was; ``load`` raises, and loading again repairs it.
         """
         path = check_path(path, "load")
-        check = ps_pb2.LoadRequest(path=path, validate_only=True)
+        check = ps_pb2.LoadRequest(path=path, validate_only=True, fence=self.fence)
         self._all_shards("Load", check)
         self._widths.clear()
-        return sum(r.rows for r in self._all_shards("Load", ps_pb2.LoadRequest(path=path)))
+        load = ps_pb2.LoadRequest(path=path, fence=self.fence)
+        return sum(r.rows for r in self._all_shards("Load", load))
 
     def export_incremental(self, since_iteration: int, table: str = "") -> dict[str, ExportedRows]:
         """Rows changed by commits after ``since_iteration`` (-1: every row), per table."""

@@ -39,11 +39,12 @@ class TableAdmin(ShardClient):
         """Create ``name`` on every shard; True if any shard created it (False: it existed
         with this spec; ``TableExists`` if with another).
 
-        Every shard's tables are read first: a different spec for ``name`` on any
-        shard raises ``TableExists`` before any shard creates anything. A shard that
-        fails after that (it died, the memory cap) raises its error once every
-        shard has answered, with a note naming the shards that created the table;
-        calling again with the same spec completes it (an equal spec is a no-op).
+        All shards or none: every shard first checks the spec, its table count and
+        its memory limit (``validate_only``), and a refusal there (``TableExists``,
+        ``ResourceExhausted``) is raised before any shard creates anything. Should a
+        create still fail on a shard (it died, another create took the memory in
+        between), the shards that created the table drop it again (it is empty) and
+        the error is raised with a note saying so; calling again completes it.
         """
         dim = integer(dim, f"create_table {shown(name)}: dim", 1, MAX_DIM)
         if not isinstance(optimizer, Optimizer):
@@ -58,20 +59,45 @@ class TableAdmin(ShardClient):
             )
         spec = TableSpec(name, dim, initializer or Zeros(), optimizer, _update_mode(update_mode))
         self._refuse_conflicts(spec.canonical())
+        check = ps_pb2.CreateTableRequest(spec=spec.to_proto(), validate_only=True)
+        self._on_every_shard(check, f"create_table {name!r}: refused; nothing was created on "
+                             "any shard")  # fmt: skip
         request = ps_pb2.CreateTableRequest(spec=spec.to_proto())
         calls = [self._unary(s, "CreateTable", request, True) for s in range(self.num_shards)]
         outcomes = [rpc.settled(call) for call in calls]
         errors = [e for _, e in outcomes if e is not None]
         if errors:
-            created = [a for a, (r, _) in zip(self.addresses, outcomes, strict=True)
-                       if r is not None and r.created]  # fmt: skip
-            errors[0].add_note(
-                f"create_table {name!r}: created on {created or 'no shard'}; the other shards "
-                "failed. Fix the cause and call create_table again with the same spec"
-            )
+            created = [s for s, (r, _) in enumerate(outcomes) if r is not None and r.created]
+            errors[0].add_note(f"create_table {name!r}: " + self._undo_create(name, created))
             raise errors[0]
         self._widths[name] = (dim, spec.state_width)
         return any(r is not None and r.created for r, _ in outcomes)
+
+    def _on_every_shard(self, request: ps_pb2.CreateTableRequest, note: str) -> None:
+        """Send ``request`` to every shard at once; the first error, with ``note``."""
+        calls = [self._unary(s, "CreateTable", request, True) for s in range(self.num_shards)]
+        errors = [e for _, e in (rpc.settled(call) for call in calls) if e is not None]
+        if errors:
+            errors[0].add_note(note)
+            raise errors[0]
+
+    def _undo_create(self, name: str, created: list[int]) -> str:
+        """Drop ``name`` from the shards in ``created`` (they created it empty just now);
+        what was done, for the error's note."""
+        drop = ps_pb2.DropTableRequest(table=name)
+        calls = [(s, self._unary(s, "DropTable", drop, True)) for s in created]
+        kept = [self.addresses[s] for s, call in calls if rpc.settled(call)[1] is not None]
+        if kept:
+            return (
+                f"created on some shards only, and it could not be dropped from {kept}; "
+                "fix the cause and call create_table again with the same spec"
+            )
+        dropped = [self.addresses[s] for s in created]
+        undone = f" (dropped again from {dropped})" if dropped else ""
+        return (
+            f"a shard failed, so nothing was created on any shard{undone}; fix the cause "
+            "and call create_table again"
+        )
 
     def _refuse_conflicts(self, spec: TableSpec) -> None:
         """``TableExists`` if any shard holds ``spec.name`` with another spec."""

@@ -19,7 +19,10 @@ Errors (google.rpc codes):
                       store NaN/Inf, a damaged snapshot.
   NOT_FOUND           unknown table.
   ALREADY_EXISTS      CreateTable with a different spec for an existing name.
-  FAILED_PRECONDITION iteration older than the last committed one.
+  FAILED_PRECONDITION iteration older than the last committed one; a Commit,
+                      Load or Claim against a shard another run's scheduler
+                      holds (reason SHARD_CLAIMED, see Claim); DropTable of a
+                      table that holds rows.
   ABORTED             WriteBack whose base_versions do not match.
   RESOURCE_EXHAUSTED  message over the size limit, memory cap reached, disk full.
   UNAVAILABLE         the shard is shutting down.
@@ -43,24 +46,187 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class Fence(_message.Message):
+    """Which run's scheduler sends a state-changing call, and under which claim."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run's id (the scheduler's --run-id; default its --job-fingerprint)."""
+    epoch: _builtins.int
+    """The claim's epoch: above every earlier claim of this shard."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Fence: _TypeAlias = Fence  # noqa: Y015
+
+@_typing.final
+class ClaimRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FENCE_FIELD_NUMBER: _builtins.int
+    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    lease_seconds: _builtins.float
+    """Seconds the claim holds without a renewal, in [1, 3600]. The holder
+    renews it (a Claim with the same fence) well within that time.
+    """
+    force: _builtins.bool
+    """Take the shard even while another run's lease runs (an operator's
+    --force-takeover). The shard logs it as a takeover.
+    """
+    release: _builtins.bool
+    """Give the claim up (a stopping scheduler); a release of a claim this
+    fence does not hold changes nothing.
+    """
+    @_builtins.property
+    def fence(self) -> Global___Fence:
+        """Who claims; run_id non-empty (at most 128 characters), epoch >= 1."""
+
+    def __init__(
+        self,
+        *,
+        fence: Global___Fence | None = ...,
+        lease_seconds: _builtins.float = ...,
+        force: _builtins.bool = ...,
+        release: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "force", b"force", "lease_seconds", b"lease_seconds", "release", b"release"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimRequest: _TypeAlias = ClaimRequest  # noqa: Y015
+
+@_typing.final
+class ClaimResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def holder(self) -> Global___ShardClaim:
+        """The holder after the call (empty run_id after a release)."""
+
+    @_builtins.property
+    def previous(self) -> Global___ShardClaim:
+        """The holder this call replaced, if any (a takeover, or a lapsed lease)."""
+
+    def __init__(
+        self,
+        *,
+        holder: Global___ShardClaim | None = ...,
+        previous: Global___ShardClaim | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "previous", b"previous"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "previous", b"previous"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimResponse: _TypeAlias = ClaimResponse  # noqa: Y015
+
+@_typing.final
+class ShardClaim(_message.Message):
+    """A claim as the shard holds it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FENCE_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _builtins.int
+    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    expires_in_seconds: _builtins.float
+    """Seconds until the lease runs out without a renewal (<= 0: it has)."""
+    lease_seconds: _builtins.float
+    @_builtins.property
+    def fence(self) -> Global___Fence: ...
+    def __init__(
+        self,
+        *,
+        fence: Global___Fence | None = ...,
+        expires_in_seconds: _builtins.float = ...,
+        lease_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_seconds", b"expires_in_seconds", "fence", b"fence", "lease_seconds", b"lease_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardClaim: _TypeAlias = ShardClaim  # noqa: Y015
+
+@_typing.final
 class CreateTableRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPEC_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """Check only (the spec, the table count, the memory limit); create nothing.
+    A client checks every shard this way before it creates on any.
+    """
     @_builtins.property
     def spec(self) -> _types_pb2.TableSpec: ...
     def __init__(
         self,
         *,
         spec: _types_pb2.TableSpec | None = ...,
+        validate_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateTableRequest: _TypeAlias = CreateTableRequest  # noqa: Y015
+
+@_typing.final
+class DropTableRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropTableRequest: _TypeAlias = DropTableRequest  # noqa: Y015
+
+@_typing.final
+class DropTableResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropTableResponse: _TypeAlias = DropTableResponse  # noqa: Y015
 
 @_typing.final
 class CreateTableResponse(_message.Message):
@@ -376,19 +542,27 @@ class CommitRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ITERATION_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     """Committing the last committed iteration again is a no-op; an older one is
     FAILED_PRECONDITION. Buffers of every iteration <= this one are applied
     in ascending order.
     """
+    @_builtins.property
+    def fence(self) -> Global___Fence:
+        """The claim of the scheduler committing (see Claim); needed while a claim
+        is held.
+        """
+
     def __init__(
         self,
         *,
         iteration: _builtins.int = ...,
+        fence: Global___Fence | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "iteration", b"iteration"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -538,6 +712,7 @@ class LoadRequest(_message.Message):
 
     PATH_FIELD_NUMBER: _builtins.int
     VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """A snapshot directory written by Save from any number of shards. Empty is
     INVALID_ARGUMENT.
@@ -547,15 +722,22 @@ class LoadRequest(_message.Message):
     part fits (memory cap, disk), answer as a real Load would, and change
     nothing. PSClient.load asks every shard this first, then loads.
     """
+    @_builtins.property
+    def fence(self) -> Global___Fence:
+        """The claim of the scheduler loading (see Claim); needed while a claim is
+        held.
+        """
+
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
         validate_only: _builtins.bool = ...,
+        fence: Global___Fence | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "validate_only", b"validate_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "path", b"path", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -681,14 +863,26 @@ class ShardInfo(_message.Message):
     COMMITTED_ITERATION_FIELD_NUMBER: _builtins.int
     TABLES_FIELD_NUMBER: _builtins.int
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    MAX_EPOCH_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     num_shards: _builtins.int
     committed_iteration: _builtins.int
     """-1 before the first commit."""
     max_message_bytes: _builtins.int
     """Largest request or response message the shard accepts, bytes."""
+    max_epoch: _builtins.int
+    """The largest epoch this shard has granted (0: none); a new claim must
+    name a larger one.
+    """
     @_builtins.property
     def tables(self) -> _containers.RepeatedCompositeFieldContainer[_types_pb2.TableInfo]: ...
+    @_builtins.property
+    def claim(self) -> Global___ShardClaim:
+        """The run holding this shard (see Claim); unset when none ever did or it
+        was released.
+        """
+
     def __init__(
         self,
         *,
@@ -697,10 +891,12 @@ class ShardInfo(_message.Message):
         committed_iteration: _builtins.int = ...,
         tables: _abc.Iterable[_types_pb2.TableInfo] | None = ...,
         max_message_bytes: _builtins.int = ...,
+        claim: Global___ShardClaim | None = ...,
+        max_epoch: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_iteration", b"committed_iteration", "max_message_bytes", b"max_message_bytes", "num_shards", b"num_shards", "shard_index", b"shard_index", "tables", b"tables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim", b"claim", "committed_iteration", b"committed_iteration", "max_epoch", b"max_epoch", "max_message_bytes", b"max_message_bytes", "num_shards", b"num_shards", "shard_index", b"shard_index", "tables", b"tables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -40,6 +40,11 @@ class ParameterServerStub:
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.CreateTableRequest.SerializeToString,
                 response_deserializer=heraldps_dot_v1_dot_ps__pb2.CreateTableResponse.FromString,
                 _registered_method=True)
+        self.DropTable = channel.unary_unary(
+                '/heraldps.v1.ParameterServer/DropTable',
+                request_serializer=heraldps_dot_v1_dot_ps__pb2.DropTableRequest.SerializeToString,
+                response_deserializer=heraldps_dot_v1_dot_ps__pb2.DropTableResponse.FromString,
+                _registered_method=True)
         self.ListTables = channel.unary_unary(
                 '/heraldps.v1.ParameterServer/ListTables',
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.ListTablesRequest.SerializeToString,
@@ -100,13 +105,28 @@ class ParameterServerStub:
                 request_serializer=heraldps_dot_v1_dot_ps__pb2.GetShardInfoRequest.SerializeToString,
                 response_deserializer=heraldps_dot_v1_dot_ps__pb2.ShardInfo.FromString,
                 _registered_method=True)
+        self.Claim = channel.unary_unary(
+                '/heraldps.v1.ParameterServer/Claim',
+                request_serializer=heraldps_dot_v1_dot_ps__pb2.ClaimRequest.SerializeToString,
+                response_deserializer=heraldps_dot_v1_dot_ps__pb2.ClaimResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def CreateTable(self, request, context):
-        """Creates a table on this shard. Idempotent for an equal spec.
+        """Creates a table on this shard. Idempotent for an equal spec. A table that
+        would pass --memory-limit-gb is RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropTable(self, request, context):
+        """Removes an empty table from this shard (no rows, no buffered gradients;
+        otherwise FAILED_PRECONDITION). The client uses it to undo a CreateTable
+        that did not reach every shard.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,6 +220,21 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Claim(self, request, context):
+        """A scheduler claims this shard for its run (a fence), renews the claim
+        while it lives, and releases it when it stops. While a claim is held and
+        its lease runs, Commit and Load (validate_only too) must carry that claim's
+        Fence; anything else is FAILED_PRECONDITION (reason SHARD_CLAIMED) naming
+        both runs. A shard never claimed, released, or whose holder's lease ran
+        out accepts every Commit and Load, fenced or not (clients other than the
+        scheduler, e.g. an operator's Load). A new claim needs an epoch above
+        every epoch this shard has granted, and is refused while another holder's
+        lease runs unless `force` is set (logged as a takeover).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +242,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.CreateTable,
                     request_deserializer=heraldps_dot_v1_dot_ps__pb2.CreateTableRequest.FromString,
                     response_serializer=heraldps_dot_v1_dot_ps__pb2.CreateTableResponse.SerializeToString,
+            ),
+            'DropTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropTable,
+                    request_deserializer=heraldps_dot_v1_dot_ps__pb2.DropTableRequest.FromString,
+                    response_serializer=heraldps_dot_v1_dot_ps__pb2.DropTableResponse.SerializeToString,
             ),
             'ListTables': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTables,
@@ -268,6 +308,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     request_deserializer=heraldps_dot_v1_dot_ps__pb2.GetShardInfoRequest.FromString,
                     response_serializer=heraldps_dot_v1_dot_ps__pb2.ShardInfo.SerializeToString,
             ),
+            'Claim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Claim,
+                    request_deserializer=heraldps_dot_v1_dot_ps__pb2.ClaimRequest.FromString,
+                    response_serializer=heraldps_dot_v1_dot_ps__pb2.ClaimResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'heraldps.v1.ParameterServer', rpc_method_handlers)
@@ -296,6 +341,33 @@ class ParameterServer:
             '/heraldps.v1.ParameterServer/CreateTable',
             heraldps_dot_v1_dot_ps__pb2.CreateTableRequest.SerializeToString,
             heraldps_dot_v1_dot_ps__pb2.CreateTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/heraldps.v1.ParameterServer/DropTable',
+            heraldps_dot_v1_dot_ps__pb2.DropTableRequest.SerializeToString,
+            heraldps_dot_v1_dot_ps__pb2.DropTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -620,6 +692,33 @@ class ParameterServer:
             '/heraldps.v1.ParameterServer/GetShardInfo',
             heraldps_dot_v1_dot_ps__pb2.GetShardInfoRequest.SerializeToString,
             heraldps_dot_v1_dot_ps__pb2.ShardInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Claim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/heraldps.v1.ParameterServer/Claim',
+            heraldps_dot_v1_dot_ps__pb2.ClaimRequest.SerializeToString,
+            heraldps_dot_v1_dot_ps__pb2.ClaimResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,7 +19,10 @@ Errors (google.rpc codes):
                       store NaN/Inf, a damaged snapshot.
   NOT_FOUND           unknown table.
   ALREADY_EXISTS      CreateTable with a different spec for an existing name.
-  FAILED_PRECONDITION iteration older than the last committed one.
+  FAILED_PRECONDITION iteration older than the last committed one; a Commit,
+                      Load or Claim against a shard another run's scheduler
+                      holds (reason SHARD_CLAIMED, see Claim); DropTable of a
+                      table that holds rows.
   ABORTED             WriteBack whose base_versions do not match.
   RESOURCE_EXHAUSTED  message over the size limit, memory cap reached, disk full.
   UNAVAILABLE         the shard is shutting down.
@@ -56,7 +59,14 @@ class ParameterServerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ParameterServerAsyncStub: ...
     CreateTable: _grpc.UnaryUnaryMultiCallable[_ps_pb2.CreateTableRequest, _ps_pb2.CreateTableResponse]
-    """Creates a table on this shard. Idempotent for an equal spec."""
+    """Creates a table on this shard. Idempotent for an equal spec. A table that
+    would pass --memory-limit-gb is RESOURCE_EXHAUSTED.
+    """
+    DropTable: _grpc.UnaryUnaryMultiCallable[_ps_pb2.DropTableRequest, _ps_pb2.DropTableResponse]
+    """Removes an empty table from this shard (no rows, no buffered gradients;
+    otherwise FAILED_PRECONDITION). The client uses it to undo a CreateTable
+    that did not reach every shard.
+    """
     ListTables: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ListTablesRequest, _ps_pb2.ListTablesResponse]
     """Lists the tables of this shard."""
     DescribeTable: _grpc.UnaryUnaryMultiCallable[_ps_pb2.DescribeTableRequest, _types_pb2.TableInfo]
@@ -88,12 +98,30 @@ class ParameterServerStub:
     """Streams the rows changed by commits after `since_iteration`."""
     GetShardInfo: _grpc.UnaryUnaryMultiCallable[_ps_pb2.GetShardInfoRequest, _ps_pb2.ShardInfo]
     """Shard identity and commit progress."""
+    Claim: _grpc.UnaryUnaryMultiCallable[_ps_pb2.ClaimRequest, _ps_pb2.ClaimResponse]
+    """A scheduler claims this shard for its run (a fence), renews the claim
+    while it lives, and releases it when it stops. While a claim is held and
+    its lease runs, Commit and Load (validate_only too) must carry that claim's
+    Fence; anything else is FAILED_PRECONDITION (reason SHARD_CLAIMED) naming
+    both runs. A shard never claimed, released, or whose holder's lease ran
+    out accepts every Commit and Load, fenced or not (clients other than the
+    scheduler, e.g. an operator's Load). A new claim needs an epoch above
+    every epoch this shard has granted, and is refused while another holder's
+    lease runs unless `force` is set (logged as a takeover).
+    """
 
 @_typing.type_check_only
 class ParameterServerAsyncStub(ParameterServerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateTable: _aio.UnaryUnaryMultiCallable[_ps_pb2.CreateTableRequest, _ps_pb2.CreateTableResponse]  # type: ignore[assignment]
-    """Creates a table on this shard. Idempotent for an equal spec."""
+    """Creates a table on this shard. Idempotent for an equal spec. A table that
+    would pass --memory-limit-gb is RESOURCE_EXHAUSTED.
+    """
+    DropTable: _aio.UnaryUnaryMultiCallable[_ps_pb2.DropTableRequest, _ps_pb2.DropTableResponse]  # type: ignore[assignment]
+    """Removes an empty table from this shard (no rows, no buffered gradients;
+    otherwise FAILED_PRECONDITION). The client uses it to undo a CreateTable
+    that did not reach every shard.
+    """
     ListTables: _aio.UnaryUnaryMultiCallable[_ps_pb2.ListTablesRequest, _ps_pb2.ListTablesResponse]  # type: ignore[assignment]
     """Lists the tables of this shard."""
     DescribeTable: _aio.UnaryUnaryMultiCallable[_ps_pb2.DescribeTableRequest, _types_pb2.TableInfo]  # type: ignore[assignment]
@@ -125,6 +153,17 @@ class ParameterServerAsyncStub(ParameterServerStub):
     """Streams the rows changed by commits after `since_iteration`."""
     GetShardInfo: _aio.UnaryUnaryMultiCallable[_ps_pb2.GetShardInfoRequest, _ps_pb2.ShardInfo]  # type: ignore[assignment]
     """Shard identity and commit progress."""
+    Claim: _aio.UnaryUnaryMultiCallable[_ps_pb2.ClaimRequest, _ps_pb2.ClaimResponse]  # type: ignore[assignment]
+    """A scheduler claims this shard for its run (a fence), renews the claim
+    while it lives, and releases it when it stops. While a claim is held and
+    its lease runs, Commit and Load (validate_only too) must carry that claim's
+    Fence; anything else is FAILED_PRECONDITION (reason SHARD_CLAIMED) naming
+    both runs. A shard never claimed, released, or whose holder's lease ran
+    out accepts every Commit and Load, fenced or not (clients other than the
+    scheduler, e.g. an operator's Load). A new claim needs an epoch above
+    every epoch this shard has granted, and is refused while another holder's
+    lease runs unless `force` is set (logged as a takeover).
+    """
 
 class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -133,7 +172,20 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         request: _ps_pb2.CreateTableRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.CreateTableResponse, _abc.Awaitable[_ps_pb2.CreateTableResponse]]:
-        """Creates a table on this shard. Idempotent for an equal spec."""
+        """Creates a table on this shard. Idempotent for an equal spec. A table that
+        would pass --memory-limit-gb is RESOURCE_EXHAUSTED.
+        """
+
+    @_abc_1.abstractmethod
+    def DropTable(
+        self,
+        request: _ps_pb2.DropTableRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.DropTableResponse, _abc.Awaitable[_ps_pb2.DropTableResponse]]:
+        """Removes an empty table from this shard (no rows, no buffered gradients;
+        otherwise FAILED_PRECONDITION). The client uses it to undo a CreateTable
+        that did not reach every shard.
+        """
 
     @_abc_1.abstractmethod
     def ListTables(
@@ -237,5 +289,22 @@ class ParameterServerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ps_pb2.ShardInfo, _abc.Awaitable[_ps_pb2.ShardInfo]]:
         """Shard identity and commit progress."""
+
+    @_abc_1.abstractmethod
+    def Claim(
+        self,
+        request: _ps_pb2.ClaimRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ps_pb2.ClaimResponse, _abc.Awaitable[_ps_pb2.ClaimResponse]]:
+        """A scheduler claims this shard for its run (a fence), renews the claim
+        while it lives, and releases it when it stops. While a claim is held and
+        its lease runs, Commit and Load (validate_only too) must carry that claim's
+        Fence; anything else is FAILED_PRECONDITION (reason SHARD_CLAIMED) naming
+        both runs. A shard never claimed, released, or whose holder's lease ran
+        out accepts every Commit and Load, fenced or not (clients other than the
+        scheduler, e.g. an operator's Load). A new claim needs an epoch above
+        every epoch this shard has granted, and is refused while another holder's
+        lease runs unless `force` is set (logged as a takeover).
+        """
 
 def add_ParameterServerServicer_to_server(servicer: ParameterServerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -40,20 +40,28 @@ class RegisterWorkerRequest(_message.Message):
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     COLLECTIVE_ADDRESS_FIELD_NUMBER: _builtins.int
+    TAKE_OVER_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.int
     collective_address: _builtins.str
     """host:port of the worker's Collective service (dense all-reduce); empty
     when the worker moves dense parameters through the PS.
+    """
+    take_over: _builtins.bool
+    """With tokens on, an id held by a live session (its plan stream is open, or
+    it spoke within the liveness timeout) is ALREADY_EXISTS (reason
+    WORKER_REGISTERED). take_over replaces that session anyway; it needs the
+    admin token (PERMISSION_DENIED otherwise) and is logged.
     """
     def __init__(
         self,
         *,
         worker_id: _builtins.int = ...,
         collective_address: _builtins.str = ...,
+        take_over: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collective_address", b"collective_address", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collective_address", b"collective_address", "take_over", b"take_over", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

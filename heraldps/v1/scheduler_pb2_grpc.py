@@ -108,6 +108,9 @@ class SchedulerServicer:
     def ReportDone(self, request, context):
         """A worker finished an iteration; the last report of an iteration commits it.
         With wait_for_commit the call returns only once the iteration is committed.
+        A worker's second report of one iteration (a duplicate, also one sent
+        while the first one's commit runs, or after it) is ALREADY_EXISTS (reason
+        DUPLICATE_REPORT) and changes nothing: one commit per iteration.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -61,6 +61,9 @@ class SchedulerStub:
     ReportDone: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReportDoneRequest, _scheduler_pb2.ReportDoneResponse]
     """A worker finished an iteration; the last report of an iteration commits it.
     With wait_for_commit the call returns only once the iteration is committed.
+    A worker's second report of one iteration (a duplicate, also one sent
+    while the first one's commit runs, or after it) is ALREADY_EXISTS (reason
+    DUPLICATE_REPORT) and changes nothing: one commit per iteration.
     """
     GetStatus: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetStatusRequest, _scheduler_pb2.SchedulerStatus]
     """Progress of the scheduler."""
@@ -87,6 +90,9 @@ class SchedulerAsyncStub(SchedulerStub):
     ReportDone: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReportDoneRequest, _scheduler_pb2.ReportDoneResponse]  # type: ignore[assignment]
     """A worker finished an iteration; the last report of an iteration commits it.
     With wait_for_commit the call returns only once the iteration is committed.
+    A worker's second report of one iteration (a duplicate, also one sent
+    while the first one's commit runs, or after it) is ALREADY_EXISTS (reason
+    DUPLICATE_REPORT) and changes nothing: one commit per iteration.
     """
     GetStatus: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetStatusRequest, _scheduler_pb2.SchedulerStatus]  # type: ignore[assignment]
     """Progress of the scheduler."""
@@ -140,6 +146,9 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_pb2.ReportDoneResponse, _abc.Awaitable[_scheduler_pb2.ReportDoneResponse]]:
         """A worker finished an iteration; the last report of an iteration commits it.
         With wait_for_commit the call returns only once the iteration is committed.
+        A worker's second report of one iteration (a duplicate, also one sent
+        while the first one's commit runs, or after it) is ALREADY_EXISTS (reason
+        DUPLICATE_REPORT) and changes nothing: one commit per iteration.
         """
 
     @_abc_1.abstractmethod

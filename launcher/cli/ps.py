@@ -24,7 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--memory-limit-gb",
         type=float,
         default=None,
-        help="cap on table memory; requests beyond it fail with RESOURCE_EXHAUSTED",
+        help="cap on the shard's memory: tables (a Cached-PS table's whole --cache-gb, "
+        "charged at CreateTable), gradient buffers and calls' buffers; a table or request "
+        "beyond it fails with RESOURCE_EXHAUSTED",
     )
     p.add_argument(
         "--expected-rows",
@@ -65,7 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cached.add_argument(
         "--data-dir", default=None, help="directory of the LMDB files (required with cached)"
     )
-    cached.add_argument("--cache-gb", type=float, default=1.0, help="host cache per table, GiB")
+    cached.add_argument(
+        "--cache-gb",
+        type=float,
+        default=1.0,
+        help="host cache per table, GiB (committed as rows arrive; "
+        "--memory-limit-gb counts it whole)",
+    )
     cached.add_argument(
         "--target-hit-rate",
         type=float,

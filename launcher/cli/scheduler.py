@@ -80,6 +80,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_server_security_arguments(p)
     add_token_argument(p, "to the PS shards; it commits, so the admin token")
     add_checkpoint_arguments(p)
+    add_fence_arguments(p)
+
+
+def add_fence_arguments(p: argparse.ArgumentParser) -> None:
+    """Which run the shards serve (docs/failure-and-recovery.md#fencing)."""
+    p.add_argument(
+        "--run-id",
+        default="",
+        help="the run this scheduler claims the shards for; while it lives, a scheduler of "
+        "another run cannot load into or commit on them. Default: --job-fingerprint, else a "
+        "fresh random id. Keep it across restarts of one job's scheduler",
+    )
+    p.add_argument(
+        "--claim-lease-seconds",
+        type=float,
+        default=30.0,
+        help="how long the claim on the shards holds without renewal (renewed every third "
+        "of it); a restarted scheduler of the same run waits at most this long for its "
+        "crashed predecessor's claim",
+    )
+    p.add_argument(
+        "--force-takeover",
+        action="store_true",
+        help="claim the shards even while another run's live scheduler holds them (logged); "
+        "that scheduler's next commit is refused and its run aborts",
+    )
 
 
 def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         max_concurrent_rpcs=args.max_concurrent_rpcs, max_streams=args.max_streams,
         stream_stall_seconds=args.stream_stall_seconds,
         worker_timeout=args.worker_timeout,
+        run_id=args.run_id, claim_lease_seconds=args.claim_lease_seconds,
+        force_takeover=args.force_takeover,
     )  # fmt: skip
     return serve(config)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import build_parser
+from ps_server.memory import TABLE_OVERHEAD_BYTES
 from ps_server.server import PSConfig
 from scheduler_service.server import SchedulerConfig
 from tests.deploy.k8s_manifests import (
@@ -507,9 +508,11 @@ def test_store_and_memory(build: Build) -> None:
         claims = [c["metadata"]["name"] for c in ps["spec"].get("volumeClaimTemplates", [])]
         assert claims == ["data"], "a Cached-PS shard keeps its LMDB files on a PVC"
         tables = len((EMBEDDING_TABLE, DENSE_TABLE))
-        # The caches plus the calls' buffers (--memory-limit-gb) fit under the pod's limit.
-        calls = float(env["HERALDPS_MEMORY_LIMIT_GB"])
-        assert (float(env["HERALDPS_CACHE_GB"]) * tables + calls) * 2**30 < limit
+        # --memory-limit-gb counts every table's whole cache: the tables can be created,
+        # with room left for the calls' buffers, and it all fits under the pod's limit.
+        caches = (float(env["HERALDPS_CACHE_GB"]) * 2**30 + TABLE_OVERHEAD_BYTES) * tables
+        cap = float(env["HERALDPS_MEMORY_LIMIT_GB"]) * 2**30
+        assert caches + 2**29 <= cap < limit
     else:
         assert env["HERALDPS_STORE"] == "staged"
         assert float(env["HERALDPS_MEMORY_LIMIT_GB"]) * 2**30 < limit

@@ -176,10 +176,13 @@ def test_token_files_are_checked_at_start(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def scheduler(security: ServerSecurity, workers: int = 2) -> Iterator[SchedulerServer]:
+def scheduler(
+    security: ServerSecurity, workers: int = 2, worker_timeout: float = 60.0
+) -> Iterator[SchedulerServer]:
     config = SchedulerConfig(
-        workers=workers, cache_rows=10, mode="naive", port=0, grace_seconds=0, security=security
-    )
+        workers=workers, cache_rows=10, mode="naive", port=0, grace_seconds=0, security=security,
+        worker_timeout=worker_timeout,
+    )  # fmt: skip
     server = SchedulerServer(config)
     server.start()
     try:
@@ -236,8 +239,14 @@ def test_scheduler_refuses_foreign_finish_and_forged_reports(
         assert code_of(lambda: worker.WatchPlans(watch))[0] == grpc.StatusCode.PERMISSION_DENIED
         assert worker.GetStatus(status).reported.pulled_rows == 0  # no report counted
 
-        # A registration again (a restarted worker) shuts the old session out.
-        _, again = worker.RegisterWorker.with_call(scheduler_pb2.RegisterWorkerRequest(worker_id=0))
+        # Worker 0's session is live: only an admin's take_over registers it again, and that
+        # shuts the old session out (tests/integration/test_worker_sessions.py: the rest).
+        code, _ = code_of(
+            lambda: worker.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=0))
+        )
+        assert code == grpc.StatusCode.ALREADY_EXISTS
+        take_over = scheduler_pb2.RegisterWorkerRequest(worker_id=0, take_over=True)
+        _, again = admin.RegisterWorker.with_call(take_over)
         fresh = dict(again.trailing_metadata())[SESSION_METADATA_KEY]
         assert fresh != session
         stale = ((SESSION_METADATA_KEY, session),)
