@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from heraldps.client import DenseParameter, PSClient, read_keyset, write_keyset
-from heraldps.errors import HeraldError, InvalidArgument, NotFound
+from heraldps.errors import FailedPrecondition, HeraldError, InvalidArgument, NotFound
 from heraldps.optim import SGD
 from tests.conftest import ClusterFactory
 
@@ -212,11 +212,25 @@ BAD_CALLS: dict[str, Call] = {
     "export since beyond int64": lambda ps: ps.export_incremental(2**63),
     "export table not a string": lambda ps: ps.export_incremental(-1, 5),  # type: ignore[arg-type]
     "export table too long": lambda ps: ps.export_incremental(-1, "e" * 10_000),
+    # claims (the scheduler's fence)
+    "claim run id not a string": lambda ps: ps.claim(7, 1, 30.0),  # type: ignore[arg-type]
+    "claim run id empty": lambda ps: ps.claim("", 1, 30.0),
+    "claim run id too long": lambda ps: ps.claim("r" * 10_000, 1, 30.0),
+    "claim epoch float": lambda ps: ps.claim("run", 1.5, 30.0),  # type: ignore[arg-type]
+    "claim epoch 0": lambda ps: ps.claim("run", 0, 30.0),
+    "claim lease string": lambda ps: ps.claim("run", 1, "30"),  # type: ignore[arg-type]
+    "claim lease NaN": lambda ps: ps.claim("run", 1, float("nan")),
+    "claim force not a bool": lambda ps: ps.claim("run", 1, 30.0, force="yes"),  # type: ignore[arg-type]
+    "renew_claim lease 0": lambda ps: ps.renew_claim(0.0),
+    "release_claim epoch string": lambda ps: ps.release_claim("run", "1"),  # type: ignore[arg-type]
 }
 
 
 # A well-formed path to a file that is not there: the file system's answer, not the caller's.
-NOT_INVALID = {"prefetch_keyset missing file": NotFound}
+NOT_INVALID: dict[str, type[HeraldError]] = {
+    "prefetch_keyset missing file": NotFound,
+    "renew_claim lease 0": FailedPrecondition,  # before any claim: the state, not the argument
+}
 
 
 @pytest.mark.parametrize("name", list(BAD_CALLS))
