@@ -23,6 +23,27 @@ from grpc_status import rpc_status
 # ErrorInfo.domain of every heraldps error: a reason is ours only in this domain.
 DOMAIN = "heraldps.io"
 
+# How much of a caller's input an error message echoes (``shown``), and the most any
+# status carries: a status travels in HTTP/2 trailers, and one over gRPC's metadata
+# limit (8-16 KiB) reaches the caller as RESOURCE_EXHAUSTED instead of the real error.
+SHOWN_CHARS = 100
+MAX_MESSAGE_CHARS = 2048
+MAX_METADATA_CHARS = 256
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters with the
+    full length said: messages echo names and paths a caller sent, which may be huge."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str | bytes) else "cut"
+    return f"{text[:limit]}... ({size})"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} chars)"
+
 
 class HeraldError(Exception):
     """Base class of every heraldps error.
@@ -209,9 +230,12 @@ class UnknownTable(NotFound):
     reason = "TABLE_NOT_FOUND"
 
     def __init__(self, name: str, known: list[str]) -> None:
-        listed = ", ".join(repr(k) for k in sorted(known)) or "none"
+        names = sorted(known)
+        listed = ", ".join(repr(k) for k in names[:10]) or "none"
+        if len(names) > 10:
+            listed += f" and {len(names) - 10} more"
         super().__init__(
-            f"table {name!r} does not exist on this shard (tables: {listed}); "
+            f"table {shown(name)} does not exist on this shard (tables: {listed}); "
             "create it with CreateTable first",
             metadata={"table": name},
         )
@@ -259,11 +283,14 @@ _BY_REASON = {cls.reason: cls for cls in (*_CODE_CLASSES, *_DOMAIN_CLASSES)}
 
 
 def to_rpc_status(error: HeraldError) -> grpc.Status:
-    """The status a server aborts with: code, message and an ``ErrorInfo`` detail."""
-    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=error.metadata)
+    """The status a server aborts with: code, message and an ``ErrorInfo`` detail, each cut
+    to a size that fits gRPC's trailers (``MAX_MESSAGE_CHARS``, ``MAX_METADATA_CHARS``)."""
+    metadata = {k: _cut(v, MAX_METADATA_CHARS) for k, v in error.metadata.items()}
+    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=error.code.value[0], message=str(error), details=[detail])
+    message = _cut(str(error), MAX_MESSAGE_CHARS)
+    status = status_pb2.Status(code=error.code.value[0], message=message, details=[detail])
     return rpc_status.to_status(status)  # type: ignore[no-any-return]
 
 

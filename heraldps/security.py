@@ -16,6 +16,8 @@ from typing import Any
 import grpc
 
 from heraldps.auth import BearerToken, RoleCheck, Tokens, read_token
+from heraldps.permissions import check_private
+from heraldps.ports import bind_grpc
 from heraldps.tls import TlsFiles
 
 
@@ -28,6 +30,12 @@ class ClientSecurity:
     tls: TlsFiles = field(default_factory=TlsFiles)
     token_file: str | None = None
     token: str | None = field(default=None, repr=False)
+    strict_permissions: bool = False  # refuse, not warn, when a secret file is too open
+
+    def check(self) -> None:
+        """At start: warn about (strict: refuse) a token or key file others could read."""
+        files = [(self.token_file, "--token-file"), (self.tls.key, "--tls-key")]
+        check_private(files, self.strict_permissions)
 
     def bearer(self) -> str | None:
         """The token to send, if any (read from ``token_file`` each time it is asked)."""
@@ -66,12 +74,19 @@ class ServerSecurity:
     admin_token_file: str | None = None
     worker_token_file: str | None = None
     reflection: bool = True
+    strict_permissions: bool = False  # refuse, not warn, when a secret file is too open
 
     def tokens(self) -> Tokens:
         return Tokens.from_files(self.admin_token_file, self.worker_token_file)
 
     def check(self) -> None:
-        """Read every file now, so a bad one fails the start with the flag's name."""
+        """Read every file now, so a bad one fails the start with the flag's name; warn
+        about (strict: refuse) a token or key file others could read."""
+        check_private(
+            [(self.admin_token_file, "--admin-token-file"),
+             (self.worker_token_file, "--worker-token-file"), (self.tls.key, "--tls-key")],
+            self.strict_permissions,
+        )  # fmt: skip
         self.tokens()
         if self.tls.enabled:
             self.tls.server_credentials()
@@ -81,11 +96,17 @@ class ServerSecurity:
         tokens = self.tokens()
         return [RoleCheck(tokens, admin_methods)] if tokens.enabled else []
 
-    def bind(self, server: grpc.Server, address: str) -> int:
-        """Add a TLS or plaintext port; the port bound (0: binding failed)."""
+    def bind(
+        self, server: grpc.Server, host: str, port: int, what: str, flag: str = "--port"
+    ) -> int:
+        """Add a TLS or plaintext port to ``server`` (made with ``ports.NO_REUSEPORT``);
+        the port bound. OSError naming the port when it is in use (``heraldps.ports``)."""
         if self.tls.enabled:
-            return server.add_secure_port(address, self.tls.server_credentials())
-        return server.add_insecure_port(address)
+            credentials = self.tls.server_credentials()
+            return bind_grpc(
+                lambda a: server.add_secure_port(a, credentials), host, port, what, flag
+            )
+        return bind_grpc(server.add_insecure_port, host, port, what, flag)
 
 
 OPEN = ServerSecurity()

@@ -7,16 +7,18 @@ import os
 import signal
 import threading
 from concurrent import futures
+from http.server import HTTPServer
 from pathlib import Path
 from types import FrameType
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from heraldps import malloc
 from heraldps.admission import Admission, Limits, Reserve
+from heraldps.ports import NO_REUSEPORT, check_port, serve_metrics
 from heraldps.security import OPEN, ServerSecurity
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,8 @@ class GrpcProcess:
         self.service_names = service_names
         self.registry = registry
         self.grace_seconds = grace_seconds
-        self._metrics_port_wanted = metrics_port
+        check_port(port, "--port")
+        check_port(metrics_port, "--metrics-port")
         self._port_file = port_file
         self.health = health.HealthServicer(experimental_non_blocking=True)
         if "MALLOC_ARENA_MAX" not in os.environ:  # before the pool's threads allocate
@@ -92,7 +95,7 @@ class GrpcProcess:
         pool = self.limits.pool_threads  # a thread for every call admitted: no queue
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=pool, thread_name_prefix=f"{name}-rpc"),
-            options=channel_options(max_message_bytes) + _PING_PERMISSIONS,
+            options=channel_options(max_message_bytes) + _PING_PERMISSIONS + NO_REUSEPORT,
             # The role check first: a refused caller is answered before admission counts it.
             interceptors=[*security.interceptors(admin_methods), self.admission],
             maximum_concurrent_rpcs=pool,
@@ -104,20 +107,22 @@ class GrpcProcess:
             )
         self.host = host
         self.security = security
-        self.port = security.bind(self.server, f"{host}:{port}")
-        if self.port == 0:
-            raise OSError(f"cannot bind {host}:{port}; is the port in use?")
-        self.metrics_port: int | None = None
+        # Both ports are taken now, before anything serves: a port another process
+        # holds fails the start with one line naming it (heraldps.ports).
+        self.port = security.bind(self.server, host, port, name)
+        self._metrics: HTTPServer | None = None
+        if metrics_port is not None:
+            try:
+                self._metrics = serve_metrics(metrics_port, host, registry, name)
+            except OSError:
+                self.server.stop(0)  # free the gRPC port too
+                raise
+        self.metrics_port = None if self._metrics is None else self._metrics.server_port
         self._stopped = threading.Event()
         self.exit_code = 0  # what serve_until_signal returns once the server stopped
 
     def start(self) -> None:
         self.server.start()
-        if self._metrics_port_wanted is not None:
-            http_server, _ = start_http_server(
-                self._metrics_port_wanted, addr=self.host, registry=self.registry
-            )
-            self.metrics_port = http_server.server_port
         for service in ("", *self.service_names):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("%s serving on %s:%d (metrics port %s)", self.name, self.host, self.port,

@@ -6,7 +6,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 
-from heraldps.errors import InvalidArgument
+from heraldps.errors import InvalidArgument, shown
 from heraldps.init import Initializer, Zeros, initializer_from_proto
 from heraldps.optim import SGD, Optimizer, optimizer_from_proto
 from heraldps.v1 import types_pb2
@@ -78,5 +78,5 @@ class TableSpec:
 def validate_table_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidArgument(
-            f"table name {name!r} is invalid: use 1-128 characters from [A-Za-z0-9_.-]"
+            f"table name {shown(name)} is invalid: use 1-128 characters from [A-Za-z0-9_.-]"
         )

@@ -23,13 +23,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Gauge
 
 from heraldps.client import PSClient
 from heraldps.data import SparseDataset, check
 from heraldps.data.global_batches import StreamedBatches
 from heraldps.errors import Aborted, AlreadyExists, HeraldError, ResourceExhausted, error_from_rpc
 from heraldps.healthcheck import wait_serving
+from heraldps.ports import serve_metrics
 from heraldps.samples import encode_samples
 from heraldps.security import ClientSecurity, open_channel
 from heraldps.serving import channel_options
@@ -142,7 +143,7 @@ def run_feed(config: FeedConfig) -> None:
     check(job.data_spec())  # a wrong column or format fails here, before any batch is sent
     metrics = FeedMetrics()
     if config.metrics_port is not None:
-        start_http_server(config.metrics_port, addr=config.metrics_host, registry=metrics.registry)
+        serve_metrics(config.metrics_port, config.metrics_host, metrics.registry, "the feed")
     timeout = config.timeout_seconds
     deadline = time.monotonic() + timeout
     for address in (*config.ps, config.scheduler):

@@ -11,6 +11,7 @@ from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from heraldps.admission import Limits
+from heraldps.ports import check_port
 from heraldps.security import ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.v1 import ps_pb2
@@ -63,6 +64,8 @@ class PSConfig:
     stream_stall_seconds: float = 60.0
 
     def __post_init__(self) -> None:
+        check_port(self.port, "--port")
+        check_port(self.metrics_port, "--metrics-port")
         if self.store not in ("staged", "cached"):
             raise ValueError(f"--store must be staged or cached, got {self.store!r}")
         if self.store == "cached" and not self.data_dir:

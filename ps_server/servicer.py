@@ -20,7 +20,9 @@ from heraldps.errors import (
     HeraldError,
     InvalidArgument,
     ResourceExhausted,
+    shown,
 )
+from heraldps.limits import check_path
 from heraldps.spec import TableSpec
 from heraldps.status import stream_handler, unary_handler
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
@@ -252,8 +254,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         ``shard-*`` entry there that is not a snapshot, is FAILED_PRECONDITION
         (``snapshot.check_target``), checked before the tables are copied.
         """
-        if not request.path:
-            raise InvalidArgument("save: path is empty; pass a directory to write the snapshot to")
+        check_path(request.path, "save")
         root = paths.confine(request.path, self.snapshot_root, "save")
         keep_out = self.store.data_paths()
         shard, shards = self.store.shard_index, self.store.num_shards
@@ -262,7 +263,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             iteration, tables = self.store.consistent_snapshot()
             shard_dir = snapshot.write_shard(root, shard, shards, iteration, tables, keep_out)
         except OSError as exc:
-            raise _os_error(exc, f"save to {request.path!r}") from None
+            raise _os_error(exc, f"save to {shown(request.path)}") from None
         return ps_pb2.SaveResponse(
             rows=sum(len(block) for _, block in tables),
             committed_iteration=iteration,
@@ -275,17 +276,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.LoadResponse:
         """Replace every table with a snapshot, checked whole first (``validate_only``:
         check it and that it fits, and change nothing)."""
-        if not request.path:
-            raise InvalidArgument("load: path is empty; pass the directory given to Save")
+        check_path(request.path, "load")
         self.claims.check(request.fence if request.HasField("fence") else None, "load")
         try:
             iteration, tables = snapshot.read_for_shard(
                 paths.confine(request.path, self.snapshot_root, "load"),
                 self.store.shard_index,
                 self.store.num_shards,
+                confine=self.snapshot_root,
             )
         except OSError as exc:
-            raise _os_error(exc, f"load from {request.path!r}") from None
+            raise _os_error(exc, f"load from {shown(request.path)}") from None
         rows = self.store.replace_all(iteration, tables, apply=not request.validate_only)
         if request.validate_only:
             return ps_pb2.LoadResponse(rows=rows, committed_iteration=iteration)

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.errors import UnknownTable
+from heraldps.limits import check_name
 from heraldps.spec import TableSpec
 from ps_server.table import RowBlock
 
@@ -34,8 +35,11 @@ class ShardTables(Generic[TableT]):
     _tables: dict[str, TableT]
 
     def table(self, name: str) -> TableT:
+        """The table ``name``; InvalidArgument for a name longer than any table's, else
+        UnknownTable (both messages show a shortened name)."""
         table = self._tables.get(name)
         if table is None:
+            check_name(name)
             raise UnknownTable(name, list(self._tables))
         return table
 

@@ -43,10 +43,11 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 
-from heraldps.errors import FailedPrecondition, HeraldError, InvalidArgument
+from heraldps.errors import FailedPrecondition, HeraldError, InvalidArgument, shown
 from heraldps.sharding import shard_of
 from heraldps.spec import TableSpec
 from heraldps.v1 import types_pb2
+from ps_server import paths
 from ps_server import snapshot_check as check
 from ps_server.table import RowBlock
 
@@ -87,9 +88,9 @@ def _refuse_stores(root: Path) -> None:
     where = root.resolve()
     for folder in (where, *where.parents):
         if any((folder / marker).exists() for marker in _LMDB_MARKERS):
-            _refuse(root, f"{str(folder)!r} is a Cached-PS data folder")
+            _refuse(root, f"{shown(str(folder))} is a Cached-PS data folder")
         if (folder / "meta.json").is_file() and not _not_a_snapshot_shard(folder):
-            _refuse(root, f"{str(folder)!r} is a shard directory of a snapshot")
+            _refuse(root, f"{shown(str(folder))} is a shard directory of a snapshot")
     if where.is_dir():
         for entry in sorted(where.glob("shard-*-of-*")):
             if entry.is_dir() and any((entry / m).exists() for m in _LMDB_MARKERS):
@@ -98,7 +99,7 @@ def _refuse_stores(root: Path) -> None:
 
 def _refuse(root: Path, why: str) -> None:
     raise FailedPrecondition(
-        f"save to {str(root)!r}: {why}, and a snapshot written there would mix with (or "
+        f"save to {shown(str(root))}: {why}, and a snapshot written there would mix with (or "
         "replace) another store's files; nothing was written. Save to an empty directory "
         "or to a previous heraldps snapshot"
     )
@@ -110,7 +111,7 @@ def _refuse_kept_out(root: Path, final: Path, keep_out: Sequence[Path]) -> None:
     for kept in (Path(k).resolve() for k in keep_out):
         if where == kept or kept in where.parents or _overlap(target, kept):
             raise FailedPrecondition(
-                f"save to {str(root)!r}: {str(kept)!r} is this shard's --data-dir, and a "
+                f"save to {shown(str(root))}: {shown(str(kept))} is this shard's --data-dir, and a "
                 "snapshot written in it or over it would replace the LMDB files; nothing was "
                 "written. Save to a directory outside it: an empty one or a previous heraldps "
                 "snapshot"
@@ -129,7 +130,7 @@ def _refuse_foreign(final: Path) -> None:
     why = _not_a_snapshot_shard(final)
     if why:
         raise FailedPrecondition(
-            f"save: {str(final)!r} exists and is not a {FORMAT} shard directory ({why}); "
+            f"save: {shown(str(final))} exists and is not a {FORMAT} shard directory ({why}); "
             "nothing was written. Save to an empty directory or to a previous heraldps snapshot"
         )
 
@@ -232,9 +233,12 @@ def _fsync_dir(path: Path) -> None:
 
 
 def read_for_shard(
-    root: Path, shard_index: int, num_shards: int
+    root: Path, shard_index: int, num_shards: int, confine: str | None = None
 ) -> tuple[int, list[tuple[TableSpec, RowBlock]]]:
     """Every row of the snapshot at ``root`` that belongs to ``shard_index`` of ``num_shards``.
+
+    ``confine``: the snapshot root every folder and file read must resolve under
+    (``paths.within``; PermissionDenied for a link out of it); None: anywhere.
 
     Everything is checked first (``snapshot_check``); a damaged snapshot raises
     InvalidArgument (FailedPrecondition when it is incomplete or mixed) and
@@ -242,22 +246,22 @@ def read_for_shard(
     """
     if not root.is_dir():
         raise InvalidArgument(
-            f"snapshot {str(root)!r} is not a directory; pass the path given to Save"
+            f"snapshot {shown(str(root))} is not a directory; pass the path given to Save"
         )
-    metas = [(d, _read_meta(d)) for d in sorted(root.glob("shard-*-of-*"))]
+    metas = [(d, _read_meta(d, confine)) for d in sorted(root.glob("shard-*-of-*"))]
     if not metas:
-        raise InvalidArgument(f"snapshot {str(root)!r} holds no shard-*-of-* directories")
+        raise InvalidArgument(f"snapshot {shown(str(root))} holds no shard-*-of-* directories")
     counts = {m["num_shards"] for _, m in metas}
     iterations = {m["committed_iteration"] for _, m in metas}
     indexes = sorted(m["shard_index"] for _, m in metas)
     if len(counts) != 1 or indexes != list(range(next(iter(counts)))):
         raise FailedPrecondition(
-            f"snapshot {str(root)!r} is incomplete: shard directories {indexes} for "
+            f"snapshot {shown(str(root))} is incomplete: shard directories {indexes} for "
             f"num_shards {sorted(counts)}; save again from every shard"
         )
     if len(iterations) != 1:
         raise FailedPrecondition(
-            f"snapshot {str(root)!r} mixes committed iterations {sorted(iterations)}; "
+            f"snapshot {shown(str(root))} mixes committed iterations {sorted(iterations)}; "
             "save every shard between the same two commits"
         )
     committed = next(iter(iterations))
@@ -274,7 +278,7 @@ def read_for_shard(
             names.add(spec.name)
             if specs.setdefault(spec.name, spec) != spec:
                 raise FailedPrecondition(f"snapshot has two different specs for {spec.name!r}")
-            arrays = _read_arrays(shard_dir, spec, entry, meta["format_version"])
+            arrays = _read_arrays(shard_dir, spec, entry, meta["format_version"], confine)
             check.check_arrays(spec, arrays, entry.get("rows"), committed, shard_dir)
             all_keys.setdefault(spec.name, []).append(arrays["keys"])
             mine = shard_of(arrays["keys"], num_shards) == shard_index
@@ -293,10 +297,11 @@ def read_for_shard(
     return committed, tables
 
 
-def _read_meta(shard_dir: Path) -> dict[str, Any]:
+def _read_meta(shard_dir: Path, confine: str | None) -> dict[str, Any]:
     """A shard directory's meta.json, checked, and its name matching what it says."""
+    paths.within(shard_dir, confine, "load")
     try:
-        meta = json.loads((shard_dir / "meta.json").read_text())
+        meta = json.loads(paths.within(shard_dir / "meta.json", confine, "load").read_text())
     except (OSError, ValueError) as exc:
         raise InvalidArgument(f"snapshot shard {str(shard_dir)!r} is unreadable: {exc}") from None
     check.check_meta(meta, shard_dir, READABLE_VERSIONS, FORMAT)
@@ -320,7 +325,7 @@ def _spec_of(entry: Any, shard_dir: Path) -> TableSpec:
 
 
 def _read_arrays(
-    shard_dir: Path, spec: TableSpec, entry: dict[str, Any], version: int
+    shard_dir: Path, spec: TableSpec, entry: dict[str, Any], version: int, confine: str | None
 ) -> dict[str, np.ndarray]:
     """A table's five arrays, each checked against its recorded checksum first (v2)."""
     sums = entry.get("sha256", {}) if version >= 2 else None
@@ -328,8 +333,9 @@ def _read_arrays(
         raise InvalidArgument(f"{shard_dir}/meta.json: sha256 of {spec.name!r} is not a mapping")
     arrays = {}
     for field in _ARRAYS:
-        path = shard_dir / f"{spec.name}.{field}.npy"
+        named = shard_dir / f"{spec.name}.{field}.npy"
+        path = paths.within(named, confine, "load")  # the resolved file, read twice below
         if sums is not None:
-            check.check_checksum(path, sums.get(path.name))
+            check.check_checksum(path, sums.get(named.name))
         arrays[field] = check.load_array(path)
     return arrays

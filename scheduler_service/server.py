@@ -11,6 +11,7 @@ from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.fence import MAX_LEASE_SECONDS, MAX_RUN_ID_CHARS, MIN_LEASE_SECONDS
 from heraldps.modes import PIPELINED_MODE
+from heraldps.ports import check_port
 from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
 from heraldps.traffic import Traffic
@@ -78,6 +79,8 @@ class SchedulerConfig:
     force_takeover: bool = False
 
     def __post_init__(self) -> None:
+        check_port(self.port, "--port")
+        check_port(self.metrics_port, "--metrics-port")
         if len(self.run_id) > MAX_RUN_ID_CHARS:
             raise ValueError(f"--run-id has at most {MAX_RUN_ID_CHARS} characters")
         if not MIN_LEASE_SECONDS <= self.claim_lease_seconds <= MAX_LEASE_SECONDS:

@@ -11,7 +11,13 @@ import grpc
 
 from heraldps import wire
 from heraldps.auth import ADMIN, SESSION_METADATA_KEY, Tokens, caller_role
-from heraldps.errors import DeadlineExceeded, InvalidArgument, PermissionDenied, Unavailable
+from heraldps.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    PermissionDenied,
+    Unavailable,
+    shown,
+)
 from heraldps.plan import CommPlan, plan_to_proto
 from heraldps.samples import decode_samples
 from heraldps.status import stream_handler, unary_handler
@@ -112,7 +118,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.SubmitBatchResponse:
         if request.table and request.table != self.table:
             raise InvalidArgument(
-                f"this scheduler plans table {self.table!r}, not {request.table!r}"
+                f"this scheduler plans table {self.table!r}, not {shown(request.table)}"
             )
         batch = self._batch(request)
         started = time.perf_counter()

@@ -33,6 +33,7 @@ from heraldps.errors import (
     ResourceExhausted,
     error_from_rpc,
 )
+from heraldps.ports import NO_REUSEPORT
 from heraldps.security import OPEN, PLAIN, ClientSecurity, ServerSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.status import unary_handler
@@ -233,12 +234,10 @@ def serve_collective(
     ``security``: TLS and the token peers must present (the workers' own)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="collective"),
-        options=channel_options(max_message_bytes),
+        options=channel_options(max_message_bytes) + NO_REUSEPORT,
         interceptors=security.interceptors(()),
     )
     collective_pb2_grpc.add_CollectiveServicer_to_server(CollectiveServicer(mailbox), server)
-    bound = security.bind(server, f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot bind the all-reduce server to {host}:{port}; is the port in use?")
+    bound = security.bind(server, host, port, "the worker's all-reduce server", "--collective-port")
     server.start()
     return server, bound

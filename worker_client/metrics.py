@@ -10,9 +10,10 @@ values, optimizer state), as ``heraldps local`` reports them.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from heraldps.modes import HET_MODE
+from heraldps.ports import serve_metrics
 from heraldps.traffic import Traffic
 from worker_client.cache import EmbeddingCache
 from worker_client.timing import PHASES
@@ -110,7 +111,7 @@ class WorkerMetrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve /metrics on ``host:port`` (port 0: a free one); the port it got."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        server = serve_metrics(port, host, self.registry, "the worker's /metrics")
         bound: int = server.server_port
         return bound
 

@@ -9,12 +9,14 @@
 # admin.token        the operator's and the scheduler's token (Save, Load, Commit, ...)
 # worker.token       the workers' token (training RPCs only)
 # One certificate for all is the simple set-up; give each process its own in production
-# (docs/security.md). The files are readable by the containers' user (uid 10001); on a shared
-# host, chown them to 10001 and chmod 600 instead.
+# (docs/security.md). The private keys and tokens are written mode 0600 (owner only; heraldps
+# warns about a secret file other users can read). The compose containers run as uid 10001:
+# HERALDPS_CERT_OWNER=10001 (as root) hands the secret files to that user.
 set -euo pipefail
 out=${1:-$(dirname "$0")}
 mkdir -p "$out"
 cd "$out"
+umask 077  # every file private from its first byte; the certificates are opened up below
 names=${HERALDPS_CERT_NAMES:-DNS:heraldps,DNS:ps-0,DNS:ps-1,DNS:scheduler,DNS:worker-0,DNS:worker-1,DNS:feed,DNS:localhost,IP:127.0.0.1}
 curve=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
 openssl req -x509 "${curve[@]}" -keyout ca.key -out ca.crt -days 365 -subj /CN=heraldps-ca \
@@ -30,6 +32,9 @@ openssl x509 -req -in heraldps.csr -CA ca.crt -CAkey ca.key -CAcreateserial -day
 rm -f heraldps.csr heraldps.ext ca.srl
 openssl rand -hex 32 >admin.token
 openssl rand -hex 32 >worker.token
-chmod 644 ca.crt heraldps.crt heraldps.key admin.token worker.token
-chmod 600 ca.key
+chmod 644 ca.crt heraldps.crt
+chmod 600 ca.key heraldps.key admin.token worker.token
+if [[ -n "${HERALDPS_CERT_OWNER:-}" ]]; then
+  chown "$HERALDPS_CERT_OWNER" heraldps.key admin.token worker.token
+fi
 echo "wrote ca.crt heraldps.crt heraldps.key admin.token worker.token to $(pwd)"

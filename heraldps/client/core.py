@@ -28,9 +28,16 @@ import numpy.typing as npt
 
 from heraldps import wire
 from heraldps.client import checks, rpc
+from heraldps.client.arguments import (
+    as_counts,
+    as_keys,
+    as_rows,
+    check_name,
+    integer,
+)
 from heraldps.client.assemble import place
-from heraldps.client.routing import Index, as_counts, as_keys, as_rows, count, plan_requests
-from heraldps.errors import VersionConflict
+from heraldps.client.routing import Index, count, plan_requests
+from heraldps.errors import Internal, InvalidArgument, Unavailable, VersionConflict, shown
 from heraldps.security import PLAIN, ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import ps_pb2, ps_pb2_grpc
@@ -58,13 +65,12 @@ class ShardClient:
         security: ClientSecurity = PLAIN,
     ) -> None:
         """``security``: TLS files and the bearer token to present (docs/security.md)."""
-        if not addresses:
-            raise ValueError("PSClient needs at least one shard address, e.g. ['127.0.0.1:7001']")
+        _check_addresses(addresses)
         self.addresses = list(addresses)
-        self.max_message_bytes = max_message_mb * 2**20
-        self.timeout = timeout
-        self.retries = retries
-        self.backoff_seconds = backoff_seconds
+        self.max_message_bytes = integer(max_message_mb, "max_message_mb", 1, 2047) * 2**20
+        self.timeout = _seconds(timeout, "timeout", positive=True)
+        self.retries = integer(retries, "retries", 0, 1000)
+        self.backoff_seconds = _seconds(backoff_seconds, "backoff_seconds", positive=False)
         self._policy = rpc.RetryPolicy(retries, backoff_seconds)
         options = channel_options(self.max_message_bytes)
         self._channels = [open_channel(a, options, security) for a in self.addresses]
@@ -105,7 +111,10 @@ class ShardClient:
             try:
                 grpc.channel_ready_future(channel).result(timeout=timeout)
             except grpc.FutureTimeoutError:
-                raise TimeoutError(f"shard {address} not reachable within {timeout}s") from None
+                raise Unavailable(
+                    f"shard {address} not reachable within {timeout}s; is it running?",
+                    address=address,
+                ) from None
 
     # ----- transport --------------------------------------------------------
     def _call(self, shard: int, method: str, request: Any, idempotent: bool) -> rpc.Call:
@@ -133,6 +142,7 @@ class ShardClient:
     def _widths_of(self, table: str) -> tuple[int, int]:
         """(dim, state width) of ``table``, asked once per table."""
         if table not in self._widths:
+            check_name(table)
             request = ps_pb2.DescribeTableRequest(table=table)
             info = rpc.wait(self._unary(0, "DescribeTable", request, idempotent=True))
             self._widths[table] = (info.spec.dim, info.state_width)
@@ -192,7 +202,7 @@ class ShardClient:
             place(values, index, wire.decode_rows(got, rows, dim, "values", check_finite=False))
             clocks = wire.decode_keys(wire.len_field(fields, _VERSIONS), "versions")
             if clocks.shape[0] != rows:
-                raise ValueError(f"a shard answered {clocks.shape[0]} versions for {rows} keys")
+                raise Internal(f"a shard answered {clocks.shape[0]} versions for {rows} keys")
             place(versions, index, clocks)
             if with_state:
                 got = wire.len_field(fields, _STATE)
@@ -215,7 +225,7 @@ class ShardClient:
 
     def versions(self, table: str, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Clocks ``int64 [n]`` of ``keys`` in order, without their rows (0: never seen)."""
-        return rpc.wait(self._versions(table, as_keys(keys)))
+        return rpc.wait(self._versions(check_name(table), as_keys(keys)))
 
     def _versions(self, table: str, keys: npt.NDArray[np.int64]) -> Future[npt.NDArray[np.int64]]:
         requests = self._requests(keys, 16)
@@ -262,6 +272,8 @@ class ShardClient:
     ) -> Future[None]:
         """``push_gradients`` without waiting; the future resolves to None or the error."""
         keys = as_keys(keys)
+        iteration = integer(iteration, "push: iteration")
+        worker = integer(worker, "push: worker", 0, 2**31 - 1)
         dim, _ = self._widths_of(table)
         grads = as_rows(grads, keys.shape[0], dim, "grads")
         counts = None if steps is None else as_counts(steps, keys.shape[0], "steps")
@@ -287,6 +299,8 @@ class ShardClient:
 
     def commit(self, iteration: int) -> int:
         """Commit ``iteration`` on every shard; return the rows updated (0 if already done)."""
+        iteration = integer(iteration, "commit: iteration")
+        checks.iteration("commit", iteration)
         request = ps_pb2.CommitRequest(iteration=iteration, fence=self.fence)
         responses = self._all_shards("Commit", request)
         return sum(r.rows_updated for r in responses)
@@ -344,8 +358,8 @@ class ShardClient:
         state = as_rows(
             np.empty((n, 0), np.float32) if state is None else state, n, state_width, "state"
         )
-        base = as_keys(base_versions)
-        new = as_keys(new_versions)
+        base = as_keys(base_versions, "base_versions")
+        new = as_keys(new_versions, "new_versions")
         checks.write_back(keys, base, new)
         checks.finite_rows(values, "write_back: values")
         checks.finite_rows(state, "write_back: state")
@@ -391,3 +405,28 @@ def _unchanged(
 
 def _nothing(_: list[Any]) -> None:
     return None
+
+
+def _check_addresses(addresses: Sequence[str]) -> None:
+    """A list of ``host:port`` strings, one per shard (a bare string is refused: it would
+    be taken as one address per character)."""
+    if isinstance(addresses, str) or not all(isinstance(a, str) and a for a in addresses):
+        raise InvalidArgument(
+            f"PSClient needs a list of shard addresses, e.g. ['127.0.0.1:7001'], got "
+            f"{shown(addresses)}"
+        )
+    if not addresses:
+        raise InvalidArgument("PSClient needs at least one shard address, e.g. ['127.0.0.1:7001']")
+
+
+def _seconds(value: float, what: str, positive: bool) -> float:
+    """A finite number of seconds (> 0 when ``positive``, else >= 0)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{what} must be a number of seconds, got {shown(value)}") from None
+    in_range = seconds > 0.0 if positive else seconds >= 0.0
+    if not in_range or seconds == float("inf"):  # NaN is not in range
+        bound = ">" if positive else ">="
+        raise InvalidArgument(f"{what} must be a finite number {bound} 0, got {seconds:g}")
+    return seconds

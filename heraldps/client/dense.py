@@ -12,9 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.client.arguments import integer
 from heraldps.client.tables import TableAdmin
+from heraldps.errors import InvalidArgument, shown
 from heraldps.init import Zeros
 from heraldps.optim import Optimizer
+from heraldps.spec import MAX_DIM
 
 DENSE_ROW_WIDTH = 256
 
@@ -36,15 +39,36 @@ class DenseParameter:
         return np.arange(self.rows, dtype=np.int64)
 
     def to_rows(self, flat: npt.ArrayLike) -> npt.NDArray[np.float32]:
-        flat = np.asarray(flat, dtype=np.float32).reshape(-1)
+        array = np.asarray(flat) if isinstance(flat, np.ndarray) else _numbers(flat, self.name)
+        if array.dtype.kind not in "iuf":
+            raise InvalidArgument(f"dense {self.name!r}: values must be real numbers, got "
+                                  f"{array.dtype}")  # fmt: skip
+        flat = array.astype(np.float32).reshape(-1)
         if flat.shape[0] != self.size:
-            raise ValueError(f"dense {self.name!r} has {self.size} elements, got {flat.shape[0]}")
+            raise InvalidArgument(
+                f"dense {self.name!r} has {self.size} elements, got {flat.shape[0]}"
+            )
         padded = np.zeros(self.rows * self.row_width, dtype=np.float32)
         padded[: self.size] = flat
         return padded.reshape(self.rows, self.row_width)
 
     def from_rows(self, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         return rows.reshape(-1)[: self.size].copy()
+
+
+def _numbers(values: npt.ArrayLike, name: str) -> np.ndarray:
+    try:
+        return np.asarray(values)
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgument(f"dense {name!r}: not an array of numbers ({exc})") from None
+
+
+def _dense(dense: object) -> DenseParameter:
+    if not isinstance(dense, DenseParameter):
+        raise InvalidArgument(
+            f"expected the DenseParameter create_dense returned, got {shown(dense)}"
+        )
+    return dense
 
 
 class DenseParameters(TableAdmin):
@@ -63,6 +87,8 @@ class DenseParameters(TableAdmin):
         ``initial`` is written with a version-guarded write-back (base 0), so it
         lands only on untouched rows (``VersionConflict`` once they trained).
         """
+        size = integer(size, f"create_dense {shown(name)}: size", 1)
+        row_width = integer(row_width, f"create_dense {shown(name)}: row_width", 1, MAX_DIM)
         dense = DenseParameter(name, size, min(row_width, size))
         self.create_table(name, dense.row_width, optimizer, Zeros())
         if initial is not None:
@@ -73,11 +99,11 @@ class DenseParameters(TableAdmin):
         return dense
 
     def pull_dense(self, dense: DenseParameter) -> npt.NDArray[np.float32]:
-        values, _ = self.pull(dense.name, dense.keys)
+        values, _ = self.pull(_dense(dense).name, dense.keys)
         return dense.from_rows(values)
 
     def push_dense_gradients(
         self, dense: DenseParameter, grad: npt.ArrayLike, iteration: int, worker: int = 0
     ) -> None:
-        self.push_gradients(dense.name, dense.keys, dense.to_rows(grad), iteration,
+        self.push_gradients(_dense(dense).name, dense.keys, dense.to_rows(grad), iteration,
                             worker=worker)  # fmt: skip

@@ -47,29 +47,3 @@ def count(index: Index, total: int) -> int:
     if isinstance(index, slice):
         return len(range(*index.indices(total)))
     return int(index.shape[0])
-
-
-def as_keys(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """The caller's keys (or versions) as contiguous int64, ValueError if they are not."""
-    array = np.asarray(keys)
-    if array.ndim != 1:
-        raise ValueError(f"keys must be 1-D, got shape {array.shape}")
-    if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"keys must be integers, got {array.dtype}")
-    return np.ascontiguousarray(array, dtype=np.int64)
-
-
-def as_rows(rows: npt.ArrayLike, n: int, width: int, what: str) -> npt.NDArray[np.float32]:
-    """The caller's rows as contiguous float32 ``[n, width]``, ValueError naming ``what``."""
-    array = np.ascontiguousarray(rows, dtype=np.float32)
-    if array.shape != (n, width):
-        raise ValueError(f"{what} must have shape ({n}, {width}), got {array.shape}")
-    return array
-
-
-def as_counts(counts: npt.ArrayLike, n: int, what: str) -> npt.NDArray[np.int32]:
-    """The caller's per-row counts as contiguous int32 ``[n]``, ValueError naming ``what``."""
-    array = np.asarray(counts)
-    if array.shape != (n,) or (array.size and not np.issubdtype(array.dtype, np.integer)):
-        raise ValueError(f"{what} must be {n} integers, got {array.dtype} of shape {array.shape}")
-    return np.ascontiguousarray(array, dtype=np.int32)

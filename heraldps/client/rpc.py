@@ -34,6 +34,7 @@ import grpc
 
 from heraldps.errors import (
     Cancelled,
+    FailedPrecondition,
     HeraldError,
     Overloaded,
     ResourceExhausted,
@@ -266,10 +267,10 @@ def settled(future: Future[Result]) -> tuple[Result | None, BaseException | None
 
 
 def refuse_in_callback() -> None:
-    """RuntimeError inside a callback of ours, where waiting on a call would stall the
-    thread that must deliver its answer."""
+    """FailedPrecondition inside a callback of ours, where waiting on a call would stall
+    the thread that must deliver its answer."""
     if getattr(_callback, "active", False):
-        raise RuntimeError(
+        raise FailedPrecondition(
             "a blocking PSClient call inside a callback of a PSClient future would stall "
             "gRPC's thread for good; call it after .result(), or from another thread"
         )

@@ -10,8 +10,8 @@ import numpy.typing as npt
 
 from heraldps import wire
 from heraldps.client import rpc
+from heraldps.client.arguments import check_name, check_path, integer
 from heraldps.client.core import ShardClient
-from heraldps.errors import InvalidArgument
 from heraldps.v1 import ps_pb2
 
 
@@ -31,7 +31,8 @@ class Snapshots(ShardClient):
 
     def save(self, path: str) -> int:
         """Snapshot every shard under ``path`` (a directory all shards can write); return rows."""
-        return sum(r.rows for r in self._all_shards("Save", ps_pb2.SaveRequest(path=str(path))))
+        request = ps_pb2.SaveRequest(path=check_path(path, "save"))
+        return sum(r.rows for r in self._all_shards("Save", request))
 
     def load(self, path: str) -> int:
         """Replace every shard's tables with a snapshot saved from any number of shards.
@@ -42,16 +43,18 @@ class Snapshots(ShardClient):
         that fails between the rounds (it dies, its disk fills) leaves the others
         loaded and itself as it was; ``load`` raises, and loading again repairs it.
         """
-        if not str(path):
-            raise InvalidArgument("load: path is empty; pass the directory given to Save")
-        check = ps_pb2.LoadRequest(path=str(path), validate_only=True, fence=self.fence)
+        path = check_path(path, "load")
+        check = ps_pb2.LoadRequest(path=path, validate_only=True, fence=self.fence)
         self._all_shards("Load", check)
         self._widths.clear()
-        load = ps_pb2.LoadRequest(path=str(path), fence=self.fence)
+        load = ps_pb2.LoadRequest(path=path, fence=self.fence)
         return sum(r.rows for r in self._all_shards("Load", load))
 
     def export_incremental(self, since_iteration: int, table: str = "") -> dict[str, ExportedRows]:
         """Rows changed by commits after ``since_iteration`` (-1: every row), per table."""
+        since_iteration = integer(since_iteration, "export: since_iteration")
+        if table != "":
+            check_name(table)
         request = ps_pb2.ExportIncrementalRequest(since_iteration=since_iteration, table=table)
         blocks: dict[str, list[ps_pb2.RowBlock]] = {}
         for stub, address in zip(self._stubs, self.addresses, strict=True):

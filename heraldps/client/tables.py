@@ -6,11 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from heraldps.client import rpc
+from heraldps.client.arguments import check_name, integer
 from heraldps.client.core import ShardClient
-from heraldps.errors import TableExists
+from heraldps.errors import InvalidArgument, TableExists, shown
 from heraldps.init import Initializer, Zeros
 from heraldps.optim import Optimizer
-from heraldps.spec import TableSpec, UpdateMode
+from heraldps.spec import MAX_DIM, TableSpec, UpdateMode
 from heraldps.v1 import ps_pb2, types_pb2
 
 
@@ -45,9 +46,18 @@ class TableAdmin(ShardClient):
         between), the shards that created the table drop it again (it is empty) and
         the error is raised with a note saying so; calling again completes it.
         """
-        if isinstance(update_mode, str):
-            update_mode = UpdateMode[update_mode.upper()]
-        spec = TableSpec(name, dim, initializer or Zeros(), optimizer, update_mode)
+        dim = integer(dim, f"create_table {shown(name)}: dim", 1, MAX_DIM)
+        if not isinstance(optimizer, Optimizer):
+            raise InvalidArgument(
+                f"create_table {shown(name)}: optimizer must be SGD, AdaGrad or Adam (from "
+                f"heraldps.optim), got {shown(optimizer)}"
+            )
+        if initializer is not None and not isinstance(initializer, Initializer):
+            raise InvalidArgument(
+                f"create_table {shown(name)}: initializer must be Zeros, Uniform or Normal "
+                f"(from heraldps.init), got {shown(initializer)}"
+            )
+        spec = TableSpec(name, dim, initializer or Zeros(), optimizer, _update_mode(update_mode))
         self._refuse_conflicts(spec.canonical())
         check = ps_pb2.CreateTableRequest(spec=spec.to_proto(), validate_only=True)
         self._on_every_shard(check, f"create_table {name!r}: refused; nothing was created on "
@@ -105,6 +115,7 @@ class TableAdmin(ShardClient):
                     )
 
     def describe_table(self, name: str) -> TableStats:
+        check_name(name)
         infos = self._all_shards("DescribeTable", ps_pb2.DescribeTableRequest(table=name))
         return _merge_infos(infos)
 
@@ -115,6 +126,16 @@ class TableAdmin(ShardClient):
             for info in response.tables:
                 by_name.setdefault(info.spec.name, []).append(info)
         return {name: _merge_infos(infos) for name, infos in sorted(by_name.items())}
+
+
+def _update_mode(mode: str | UpdateMode) -> UpdateMode:
+    """An ``UpdateMode`` or its name (either case)."""
+    if isinstance(mode, UpdateMode):
+        return mode
+    known = ", ".join(m.name.lower() for m in UpdateMode)
+    if isinstance(mode, str) and mode.upper() in UpdateMode.__members__:
+        return UpdateMode[mode.upper()]
+    raise InvalidArgument(f"update_mode must be one of {known}, got {shown(mode)}")
 
 
 def _merge_infos(infos: Sequence[types_pb2.TableInfo]) -> TableStats:

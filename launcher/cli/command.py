@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from heraldps.errors import HeraldError, InvalidArgument, error_from_rpc
+from heraldps.ports import MAX_PORT
 
 USAGE_ERROR = 2  # argparse's code for a bad command line; ours for a bad configuration
 
@@ -101,6 +102,14 @@ def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0..65535 (0: a free one)."""
+    return at_least(0, MAX_PORT)(text)
+
+
+port_number.__name__ = "port"
+
+
 def fraction(text: str) -> float:
     """An argparse type: a number in (0, 1]."""
     try:
@@ -141,9 +150,17 @@ def add_server_arguments(p: argparse.ArgumentParser, port: int, threads: int) ->
         default="127.0.0.1",
         help="address to bind gRPC and /metrics (0.0.0.0: every interface, as containers set)",
     )
-    p.add_argument("--port", type=int, default=port, help="gRPC port; 0 picks a free one")
     p.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
+        "--port",
+        type=port_number,
+        default=port,
+        help="gRPC port; 0 picks a free one; a port another process holds fails the start",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="serve Prometheus /metrics here (0: free)",
     )
     p.add_argument(
         "--max-message-mb", type=int, default=64, help="largest gRPC message accepted or sent, MiB"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.cli.command import Command, addresses
+from launcher.cli.command import Command, addresses, port_number
 from launcher.cli.security_flags import add_tls_arguments, add_token_argument, client_security
 
 
@@ -19,7 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="wait this long for the services, per RPC, and for progress",
     )
     p.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="serve Prometheus /metrics here (0: free)",
     )
     p.add_argument(
         "--metrics-host",

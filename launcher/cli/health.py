@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--service", default="", help="service name to check (empty: the server as a whole)"
     )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
-    add_tls_arguments(p)
+    add_tls_arguments(p, permissions=False)  # a probe: it warns about nothing
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,8 +12,11 @@ from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.tls import TlsFiles
 
 
-def add_tls_arguments(p: argparse.ArgumentParser, client: bool = True) -> None:
-    """``--tls-cert``, ``--tls-key``, ``--tls-ca`` (and, for clients, ``--tls-server-name``)."""
+def add_tls_arguments(
+    p: argparse.ArgumentParser, client: bool = True, permissions: bool = True
+) -> None:
+    """``--tls-cert``, ``--tls-key``, ``--tls-ca`` (and, for clients, ``--tls-server-name``;
+    with ``permissions``, ``--strict-permissions``)."""
     g = p.add_argument_group("TLS (docs/security.md)")
     g.add_argument(
         "--tls-cert",
@@ -28,6 +31,13 @@ def add_tls_arguments(p: argparse.ArgumentParser, client: bool = True) -> None:
         help="PEM CA certificates: clients verify servers with it; a server given it "
         "demands client certificates signed by it (mutual TLS)",
     )
+    if permissions:
+        g.add_argument(
+            "--strict-permissions",
+            action="store_true",
+            help="refuse to start when a token or key file can be read by other users (by "
+            "default a warning naming the file)",
+        )
     if client:
         g.add_argument(
             "--tls-server-name",
@@ -77,8 +87,16 @@ def server_security(args: argparse.Namespace) -> ServerSecurity:
         args.admin_token_file,
         args.worker_token_file,
         reflection=not args.no_reflection,
+        strict_permissions=args.strict_permissions,
     )
 
 
 def client_security(args: argparse.Namespace) -> ClientSecurity:
-    return ClientSecurity(tls_files(args), getattr(args, "token_file", None))
+    """What the command presents, its secret files checked (``heraldps.permissions``)."""
+    security = ClientSecurity(
+        tls_files(args),
+        getattr(args, "token_file", None),
+        strict_permissions=getattr(args, "strict_permissions", False),
+    )
+    security.check()
+    return security

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.cli.command import Command, addresses
+from launcher.cli.command import Command, addresses, port_number
 from launcher.cli.security_flags import add_tls_arguments, add_token_argument, client_security
 
 
@@ -23,7 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prefetch", default=None, help="keyset file to load into the PS caches before training"
     )
     p.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: free)"
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="serve Prometheus /metrics here (0: free)",
     )
     p.add_argument(
         "--advertise-host",
@@ -33,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--collective-port",
-        type=int,
+        type=port_number,
         default=0,
         help="port of this worker's dense all-reduce server (0: a free one)",
     )

@@ -13,6 +13,7 @@ import pytest
 
 from heraldps import wire
 from heraldps.client import PSClient
+from heraldps.errors import InvalidArgument
 from heraldps.init import Normal
 from heraldps.optim import MAX_STEPS, AdaGrad, Adam, Optimizer
 from heraldps.spec import UpdateMode
@@ -124,7 +125,7 @@ def test_bad_steps_are_invalid_and_nothing_is_buffered(cluster: ClusterFactory) 
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert match in (err.value.details() or ""), err.value.details()
     channel.close()
-    with pytest.raises(ValueError, match="steps must be 2 integers"):
+    with pytest.raises(InvalidArgument, match="steps must be 2 integers"):
         ps.push_gradients("emb", keys, np.ones((2, DIM)), 0, steps=[1.5, 2.0])
     assert ps.commit(0) == 0  # nothing reached a buffer
     after = ps.pull_with_state("emb", keys)

@@ -102,7 +102,7 @@ def test_missing_required_flag_names_its_variable(
 @pytest.mark.parametrize(
     ("name", "text", "expected"),
     [
-        ("HERALDPS_PORT", "70o1", "HERALDPS_PORT='70o1' is not a valid int for --port"),
+        ("HERALDPS_PORT", "70o1", "HERALDPS_PORT='70o1' is not a valid port for --port"),
         ("HERALDPS_CACHE_GB", "lots", "HERALDPS_CACHE_GB='lots' is not a valid float"),
         ("HERALDPS_STORE", "disk", "HERALDPS_STORE='disk': --store takes one of staged, cached"),
         ("HERALDPS_DURABILITY", "SYNC", "--durability takes one of sync, periodic"),
