@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from heraldps import checkpoints
+from heraldps.client import PSClient
 from heraldps.errors import FailedPrecondition
 from heraldps.optim import SGD
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service.checkpointer import CheckpointConfig
+from scheduler_service.checkpointer import CheckpointConfig, Checkpointer
+from scheduler_service.metrics import CheckpointMetrics
 from scheduler_service.server import SchedulerConfig, SchedulerServer
 from tests.conftest import ClusterFactory
 from tests.integration.test_scheduler_service import CAPACITY, WORKERS, make_batches, submit
@@ -198,3 +200,43 @@ def test_resuming_after_the_last_iteration_just_finishes(
         assert (status.committed_iteration, status.finished) == (7, True)
     finally:
         server.stop(grace=0)
+
+
+def test_a_resume_refused_by_another_runs_claim_does_not_fall_back(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    """A Load the fence refuses (another run's scheduler holds the shards) says nothing about
+    the checkpoint: the resume ends with that refusal, no checkpoint is counted as skipped,
+    and the shards keep what they hold."""
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    ps.pull("emb", np.arange(50, dtype=np.int64))
+    root = tmp_path / "ckpt"
+    first = _server(ps.addresses, CheckpointConfig(every=2, directory=str(root), keep=3))
+    first.start()
+    try:
+        _train(first, make_batches(6), finish=True)
+    finally:
+        first.stop(grace=0)
+    assert len(checkpoints.complete(root)) == 3
+    holder = PSClient(ps.addresses)
+    try:
+        epoch = holder.max_claim_epoch() + 1
+        committed = ps.shard_committed_iterations()
+        holder.claim("the-live-run", epoch, lease_seconds=60)
+        metrics = CheckpointMetrics()
+        unfenced = Checkpointer(CheckpointConfig(resume_from=str(root)), ps, "herald", WORKERS,
+                                metrics)  # fmt: skip
+        with pytest.raises(FailedPrecondition) as refused:
+            unfenced.resume()
+        assert refused.value.reason == "SHARD_CLAIMED"
+        assert "the-live-run" in refused.value.message
+        for reason in ("unreadable", "disagrees", "damaged"):
+            skipped = metrics.registry.get_sample_value(
+                "heraldps_scheduler_checkpoints_skipped_total", {"reason": reason}
+            )
+            assert not skipped
+        assert ps.shard_committed_iterations() == committed
+    finally:
+        holder.release_claim("the-live-run", epoch)
+        holder.close()
