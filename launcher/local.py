@@ -33,7 +33,8 @@ from heraldps.data import DataSpec, SparseDataset, stream
 from heraldps.data.global_batches import GlobalBatches, InMemoryBatches
 from heraldps.data.key_union import distinct_keys as distinct_keys_of
 from heraldps.errors import HeraldError
-from heraldps.modes import HET_MODE
+from heraldps.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
+from heraldps.modes import mode_named
 from heraldps.serving import channel_options
 from heraldps.traffic import REPORTED
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -53,7 +54,6 @@ from launcher.cluster import (
 from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
 from launcher.netns import ClusterNetwork
 from worker_client.evaluation import auc, logloss
-from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import select
 from worker_client.timing import PHASES, network_share
 
@@ -669,7 +669,7 @@ def run_local(
         for mode in modes:
             try:
                 results[mode] = run_mode(
-                    job if mode == HET_MODE else replace(job, staleness=0),
+                    job if mode_named(mode).bounded_staleness else replace(job, staleness=0),
                     mode, shards, train, eval_data, root / mode, progress, store=store,
                     cache_gb=cache_gb, network=net, recovery=_for_mode(recovery, mode),
                 )  # fmt: skip

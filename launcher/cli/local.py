@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
+from heraldps.optim import OPTIMIZERS
 from launcher.cli.command import Command, at_least, fraction, names, non_negative, positive
 from launcher.cli.data import add_data_arguments
 
 if TYPE_CHECKING:
     from heraldps.data import DataSpec
     from heraldps.data.global_batches import MiniBatchSizes, StreamedBatches
-    from worker_client.job import TrainingJob
+    from heraldps.job import TrainingJob
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,9 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.1,
         help="cache rows per worker = floor(fraction x distinct training keys), 0 < f <= 1",
     )
-    p.add_argument(
-        "--optimizer", default="adagrad", choices=("sgd", "adagrad", "adam"), help="optimizer"
-    )
+    p.add_argument("--optimizer", default="adagrad", choices=tuple(OPTIMIZERS), help="optimizer")
     p.add_argument(
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
     )
@@ -265,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from heraldps.job import TrainingJob
     from launcher.cli.data import spec_of
     from launcher.lifeline import stop_on_signals
     from launcher.local import Recovery, run_local
@@ -279,7 +279,6 @@ def run(args: argparse.Namespace) -> int:
     )
     from scheduler_service.simulate import cache_rows_for
     from worker_client.device import array_module
-    from worker_client.job import TrainingJob
 
     modes = modes_of(args.modes)
     check_network(args.link_mbit, args.ps_link_mbit)

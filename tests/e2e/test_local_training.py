@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from heraldps.bundled import bundled_data
+from heraldps.job import TrainingJob
 from heraldps.modes import ALL_MODES, HERALD_MODES, PIPELINED_MODE
 from launcher.cluster import ClusterError
 from launcher.local import run_mode
 from launcher.report import ps_agrees
 from scheduler_service.simulate import SimulationConfig, cache_rows_for, simulate
-from worker_client.job import TrainingJob
 from worker_client.reference import ReferenceTrainer
 
 TRAIN, TEST = bundled_data()

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from heraldps.job import TrainingJob
 from heraldps.modes import HET_MODE
-from worker_client.job import TrainingJob
 
 
 @pytest.mark.parametrize(
