@@ -20,7 +20,6 @@ the worker's (``worker_client.predictor``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf import json_format
 
+from heraldps.checksums import sha256_file
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.init import Initializer, initializer_from_proto
 from heraldps.v1 import types_pb2
@@ -42,7 +42,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 JOB = "job.json"
 DENSE = "dense.npy"
-_CHUNK = 1 << 22
 
 
 class ModelError(InvalidArgument):
@@ -101,7 +100,7 @@ def write_model(path: str | Path, model: ExportedModel) -> Path:
     try:
         sums: dict[str, str] = {}
         (tmp / JOB).write_text(model.job_json)
-        sums[JOB] = _sha256(tmp / JOB)
+        sums[JOB] = sha256_file(tmp / JOB)
         sums[DENSE] = _save(tmp / DENSE, np.asarray(model.dense, np.float32).reshape(-1))
         tables = []
         for name in sorted(model.tables):
@@ -197,15 +196,7 @@ def _check_name(name: str) -> None:
 
 def _save(path: Path, array: npt.NDArray[Any]) -> str:
     np.save(path, np.ascontiguousarray(array), allow_pickle=False)
-    return _sha256(path)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return sha256_file(path)
 
 
 def _verify(root: Path, name: Any, expected: Any) -> None:
@@ -214,7 +205,7 @@ def _verify(root: Path, name: Any, expected: Any) -> None:
         raise ModelError(f"model {root}: {MANIFEST} has a malformed sha256 entry {name!r}")
     if not path.is_file():
         raise ModelError(f"model {root}: {name} is missing; copy the whole directory")
-    if _sha256(path) != expected:
+    if sha256_file(path) != expected:
         raise ModelError(
             f"model {root}: {name} differs from the checksum in {MANIFEST} (changed or "
             "damaged after export); export the model again"
