@@ -80,6 +80,20 @@ def test_predict_reproduces_the_trained_models_scores_bit_for_bit(
     assert logloss(labels, written) == logloss(labels, expected)
 
 
+def test_no_label_data_scores_the_same(
+    trained: tuple[ReferenceTrainer, Path], tmp_path: Path
+) -> None:
+    """``--no-label``: the criteo layout keeps its label field, its cells unread."""
+    blank = tmp_path / "no-label.tsv"
+    lines = Path(TEST).read_text().splitlines()
+    blank.write_text("".join("\t" + line.split("\t", 1)[1] + "\n" for line in lines))
+    out = tmp_path / "scores.txt"
+    args = ["predict", "--model", str(trained[1]), "--data", str(blank), "--out", str(out)]
+    assert main([*args, "--no-label"]) == 0
+    expected, _ = Predictor.load(trained[1]).score_file(TEST)
+    assert np.array_equal(np.loadtxt(out).astype(np.float32), expected)
+
+
 def test_the_export_holds_exactly_the_rows_training_updated(
     trained: tuple[ReferenceTrainer, Path],
 ) -> None:
