@@ -33,6 +33,7 @@ import numpy.typing as npt
 from google.protobuf import json_format
 
 from heraldps.checksums import sha256_file
+from heraldps.data.keys import feature_key_reference
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.init import Initializer, initializer_from_proto
 from heraldps.v1 import types_pb2
@@ -41,6 +42,13 @@ FORMAT = "heraldps-model"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 JOB = "job.json"
+# The data path's key function (heraldps/data/keys.py), with one of its test vectors: a
+# reader whose keys differ refuses the model instead of scoring every key as unseen.
+KEY_FUNCTION = {
+    "name": "blake2b-64",
+    "formula": "blake2b(f'{column_index}\\x1f{value}', digest_size=8) as little-endian int64",
+    "test_vector": {"column_index": 0, "value": "68fd1e64", "key": 4185973209796718312},
+}
 DENSE = "dense.npy"
 
 
@@ -120,6 +128,7 @@ def write_model(path: str | Path, model: ExportedModel) -> Path:
             "format_version": FORMAT_VERSION,
             "source": model.source,
             "dense_size": int(model.dense.size),
+            "key_function": KEY_FUNCTION,
             "tables": tables,
             "sha256": sums,
         }
@@ -138,6 +147,7 @@ def read_model(path: str | Path) -> ExportedModel:
     if not root.is_dir():
         raise ModelError(f"model {root}: no such directory; pass a directory heraldps export wrote")
     manifest = _manifest(root)
+    _check_key_function(root, manifest.get("key_function"))
     sums = manifest["sha256"]
     for name in sorted(sums):
         _verify(root, name, sums[name])
@@ -187,6 +197,22 @@ def _manifest(root: Path) -> dict[str, Any]:
             or DENSE not in sums or type(manifest.get("dense_size")) is not int:  # fmt: skip
         raise ModelError(f"model {root}: {MANIFEST} lacks sha256, tables or dense_size")
     return manifest
+
+
+def _check_key_function(root: Path, recorded: Any) -> None:
+    """The manifest's key function is the one this data path computes (its test vector)."""
+    try:
+        vector = recorded["test_vector"]
+        same = feature_key_reference(int(vector["column_index"]), str(vector["value"])) == int(
+            vector["key"]
+        )
+    except (KeyError, TypeError, ValueError):
+        same = False
+    if not same or recorded.get("name") != KEY_FUNCTION["name"]:
+        raise ModelError(
+            f"model {root}: its key_function is not this heraldps's ({KEY_FUNCTION['name']}); "
+            "its keys would not match the data's: export it with this version"
+        )
 
 
 def _check_name(name: str) -> None:

@@ -160,6 +160,11 @@ def test_a_missing_file_and_a_foreign_manifest_are_refused(
     with pytest.raises(ModelError, match=r"job\.json is missing"):
         read_model(bad)
     manifest = json.loads((bad / "manifest.json").read_text())
+    other_keys = {**manifest["key_function"], "test_vector": {"column_index": 0,
+                  "value": "68fd1e64", "key": 1}}  # fmt: skip
+    (bad / "manifest.json").write_text(json.dumps({**manifest, "key_function": other_keys}))
+    with pytest.raises(ModelError, match="its key_function is not this heraldps's"):
+        read_model(bad)
     (bad / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
     with pytest.raises(ModelError, match="format_version 99"):
         read_model(bad)
