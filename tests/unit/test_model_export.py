@@ -198,3 +198,22 @@ def test_an_export_never_overwrites(trained: tuple[ReferenceTrainer, Path]) -> N
     model = read_model(trained[1])
     with pytest.raises(FailedPrecondition, match="already exists"):
         write_model(trained[1], model)
+
+
+def test_local_refuses_an_existing_export_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "herald").mkdir()
+    assert main(["local", "--modes", "herald", "--export", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_export_without_a_checkpoint_says_so(
+    trained: tuple[ReferenceTrainer, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = str(trained[1] / "job.json")
+    out = tmp_path / "m"
+    code = main(["export", "--job", job, "--checkpoint", str(tmp_path), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "no complete checkpoint there" in err and not out.exists(), err
