@@ -35,24 +35,29 @@ def export_from_ps(job: TrainingJob, ps: PSClient, out: Path, source: dict[str, 
 
 
 def export_from_checkpoint(job: TrainingJob, checkpoint: Path, out: Path) -> Path:
-    """Write the model of ``checkpoint`` (a ``ckpt-*`` folder, or a checkpoint directory:
-    its newest complete checkpoint) to ``out``. The job must be the one that wrote it
-    (the manifest's fingerprint, when it records one)."""
-    found = checkpoints.resolve(checkpoint)
-    if found is None:
-        raise InvalidArgument(
-            f"--checkpoint {checkpoint}: no complete checkpoint there (a ckpt-* folder with a "
-            "manifest.json, or the directory holding them)"
-        )
-    path, manifest = found
-    if manifest.fingerprint and manifest.fingerprint != checkpoints.fingerprint(
-        job.to_json(), manifest.mode
-    ):
-        raise FailedPrecondition(
-            f"{path} was written by another job (fingerprint {manifest.fingerprint}); pass the "
-            "job.json of the run that wrote it (heraldps local keeps it in WORKDIR/MODE)"
-        )
-    _, tables = read_for_shard(path, 0, 1)
+    """Write the model of ``checkpoint`` (a ``ckpt-*`` folder, a checkpoint directory: its
+    newest complete checkpoint, or a snapshot a PS ``Save`` wrote) to ``out``. The job must
+    be the one that wrote a checkpoint (its manifest's fingerprint, when it records one)."""
+    if any(checkpoint.glob("shard-*-of-*")) and not (checkpoint / checkpoints.MANIFEST).exists():
+        path = checkpoint  # a plain Save
+        source: dict[str, Any] = {"snapshot": str(checkpoint)}
+    else:
+        found = checkpoints.resolve(checkpoint)
+        if found is None:
+            raise InvalidArgument(
+                f"--checkpoint {checkpoint}: no complete checkpoint there (a ckpt-* folder with "
+                "a manifest.json, the directory holding them, or a snapshot of shard-* folders)"
+            )
+        path, manifest = found
+        if manifest.fingerprint and manifest.fingerprint != checkpoints.fingerprint(
+            job.to_json(), manifest.mode
+        ):
+            raise FailedPrecondition(
+                f"{path} was written by another job (fingerprint {manifest.fingerprint}); pass "
+                "the job.json of the run that wrote it (heraldps local keeps it in WORKDIR/MODE)"
+            )
+        source = {"checkpoint": str(path), "iteration": manifest.iteration, "mode": manifest.mode}
+    committed, tables = read_for_shard(path, 0, 1)
     by_name = {spec.name: block for spec, block in tables}
     missing = [name for name in (EMBEDDING_TABLE, DENSE_TABLE) if name not in by_name]
     if missing:
@@ -68,5 +73,5 @@ def export_from_checkpoint(job: TrainingJob, checkpoint: Path, out: Path) -> Pat
             f"needs rows 0..{dense_param.rows - 1}; pass the job that wrote the checkpoint"
         )
     dense = dense_param.from_rows(block.values[order])
-    source = {"checkpoint": str(path), "iteration": manifest.iteration, "mode": manifest.mode}
+    source.setdefault("iteration", committed)
     return write_model(out, ExportedModel(job.to_json(), {EMBEDDING_TABLE: table}, dense, source))

@@ -101,7 +101,8 @@ def test_a_checkpoint_of_another_job_is_refused(run: Path, tmp_path: Path) -> No
 def test_live_shards_export_the_model_they_hold(
     run: Path, cluster: ClusterFactory, tmp_path: Path
 ) -> None:
-    """Fresh shards load the final checkpoint; ``heraldps export --ps`` reads it back out."""
+    """Fresh shards load the final checkpoint; ``heraldps export --ps`` reads it back out,
+    and so does an export of the snapshot they save."""
     work = run / "work" / "herald"
     _, ps = cluster(3)
     ps.load(str(work / "checkpoints" / f"ckpt-{ITERATIONS - 1:012d}"))
@@ -109,3 +110,8 @@ def test_live_shards_export_the_model_they_hold(
     assert main(["export", "--job", str(work / "job.json"), "--ps", ",".join(ps.addresses),
                  "--out", str(out)]) == 0  # fmt: skip
     same_model(out, run / "models" / "herald")
+    ps.save(str(tmp_path / "snapshot"))
+    assert main(["export", "--job", str(work / "job.json"), "--checkpoint",
+                 str(tmp_path / "snapshot"), "--out", str(tmp_path / "saved")]) == 0  # fmt: skip
+    same_model(tmp_path / "saved", run / "models" / "herald")
+    assert read_model(tmp_path / "saved").source["iteration"] == ITERATIONS - 1
