@@ -438,17 +438,10 @@ class _Attempt:
             dense_size = job.model().dense_size
             kept = read_model(job, ps, distinct_keys(batches), dense_size) if keep_model else {}
             if export is not None:
-                export_from_ps(
-                    job,
-                    ps,
-                    export,
-                    {
-                        "mode": mode,
-                        "iterations": len(batches),
-                        "auc": auc_value,
-                        "logloss": logloss_value,
-                    },
-                )
+                quality = {"auc": auc_value, "logloss": logloss_value}
+                source = {"mode": mode, "iterations": len(batches),
+                          **{k: v for k, v in quality.items() if v == v}}  # fmt: skip
+                export_from_ps(job, ps, export, source)
             ps.close()
             return ModeResult(
                 mode=mode,
