@@ -32,17 +32,16 @@ def scatter_add(xp: Any, out: Any, index: Any, values: Any) -> None:
     """``out[index] += values`` with repeated indices accumulating (unbuffered).
 
     Plain ``out[index] += values`` keeps only one of the updates of a repeated
-    index. NumPy spells the unbuffered form ``np.add.at``, CuPy ``cupyx.scatter_add``;
-    any other array module (a test double) is asked for ``add.at``.
+    index. NumPy and CuPy >= 13 spell the unbuffered form ``add.at`` (CuPy 14 deprecates
+    its older ``cupyx.scatter_add``, which CuPy 12 still needs); a test double is asked
+    for ``add.at`` too.
     """
-    if xp is np:
-        np.add.at(out, index, values)
-    elif xp.__name__ == "cupy":
-        # Imported lazily: CuPy is an optional dependency (and has no type stubs).
+    add_at = getattr(xp.add, "at", None)
+    if add_at is not None:
+        add_at(out, index, values)
+    else:  # CuPy 12: imported lazily (optional dependency, no type stubs)
         cupyx: Any = importlib.import_module("cupyx")
         cupyx.scatter_add(out, index, values)
-    else:
-        xp.add.at(out, index, values)
 
 
 @dataclass(frozen=True)
