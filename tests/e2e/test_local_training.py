@@ -2,7 +2,8 @@
 
 The invariant that matters most: with staleness 0, every mode ends with the
 model single-process training produces (embeddings, optimizer state,
-versions, dense parameters), up to float32 summation order; and the
+versions, dense parameters), up to float32 summation order, and modes that
+give each worker the same samples end bit-identical; and the
 traffic the workers count from their RPCs is what ``heraldps simulate``
 predicts for the same batches, row for row.
 """
@@ -20,8 +21,9 @@ import numpy as np
 import pytest
 
 from heraldps.bundled import bundled_data
-from heraldps.modes import ALL_MODES, HERALD_MODES, PIPELINED_MODE
+from heraldps.modes import ALL_MODES, HERALD_MODES, LOCATION_AWARE_MODES, PIPELINED_MODE
 from launcher.cluster import ClusterError
+from launcher.divergence import model_difference
 from launcher.local import run_mode
 from launcher.report import ps_agrees
 from scheduler_service.simulate import SimulationConfig, cache_rows_for, simulate
@@ -29,6 +31,7 @@ from worker_client.job import TrainingJob
 from worker_client.reference import ReferenceTrainer
 
 TRAIN, TEST = bundled_data()
+SEQUENTIAL_PARTITION_MODES = ("naive", "on_demand", "het")
 ITERATIONS = 20
 
 
@@ -50,9 +53,10 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
     predicted = simulate(train, SimulationConfig(str(TRAIN), "criteo", 4, 32, 0.03, ITERATIONS))[
         "modes"
     ]
+    models = {}
     for mode in ALL_MODES:
         result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
-        model = result.model
+        model = models[mode] = result.model
         values, state, versions = reference.rows_of(model["keys"])
         np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
         np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
@@ -73,6 +77,11 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
         if mode == PIPELINED_MODE:  # herald's rows, some fetched while the previous trained
             assert predicted[mode]["pulls"] == predicted["herald"]["pulls"]
             assert 0 < live["early_pulls"] <= predicted[mode]["early_pulls"]
+    # Modes that give each worker the same samples add the same terms in the same order.
+    for group in (SEQUENTIAL_PARTITION_MODES, LOCATION_AWARE_MODES):
+        for mode in group[1:]:
+            same = model_difference(models[mode], models[group[0]])
+            assert same.bit_identical, (group[0], mode, same)
 
 
 def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
