@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/bench_divergence.py                  # about 10 minutes on 2 cores
+    python benchmarks/bench_divergence.py --dense-ps       # 36 runs: 35 min on 2 busy cores
     python benchmarks/bench_divergence.py --iterations 30 --optimizers sgd --controls 2
 
 Per optimizer, every mode trains the bundled Criteo sample on its own fresh local
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -42,7 +43,10 @@ OUTPUT = Path(__file__).resolve().parent / "results" / "bench_divergence.json"
 
 def train(job: TrainingJob, mode: str, batches: GlobalBatches, test: SparseDataset) -> ModeResult:
     with tempfile.TemporaryDirectory(prefix="bench-divergence-") as workdir:
-        return run_mode(job, mode, 2, batches, test, Path(workdir), keep_model=True)
+        result = run_mode(job, mode, 2, batches, test, Path(workdir), keep_model=True)
+    print(f"{job.optimizer} {mode}: {result.iterations} iterations in {result.seconds:.0f} s",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return result
 
 
 def measure(job: TrainingJob, controls: int, dense_ps: bool) -> list[dict[str, object]]:
