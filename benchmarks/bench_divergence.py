@@ -32,11 +32,12 @@ from pathlib import Path
 from heraldps.bundled import bundled_data
 from heraldps.data import SparseDataset
 from heraldps.data.global_batches import GlobalBatches, InMemoryBatches
+from heraldps.job import TrainingJob
 from heraldps.modes import ALL_MODES
+from heraldps.optim import OPTIMIZERS
 from launcher.divergence import ShuffledBatches, model_difference
 from launcher.local import ModeResult, run_mode
 from scheduler_service.simulate import cache_rows_for
-from worker_client.job import OPTIMIZERS, TrainingJob
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "bench_divergence.json"
 

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from heraldps.bundled import bundled_data
+from heraldps.job import TrainingJob
 from launcher.local import ModeResult, run_local
 from scheduler_service.simulate import cache_rows_for
-from worker_client.job import TrainingJob
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 OUTPUT = Path(__file__).resolve().parent / "results" / "bench_local.json"

@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 
 from heraldps.bundled import bundled_data
+from heraldps.job import TrainingJob
 from launcher.local import ModeResult, run_local
 from scheduler_service.simulate import cache_rows_for
-from worker_client.job import TrainingJob
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -34,10 +34,10 @@ import grpc
 
 from heraldps import checkpoints
 from heraldps.bundled import bundled_data
+from heraldps.job import TrainingJob
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.local import ModeResult, Recovery, run_mode
 from scheduler_service.simulate import cache_rows_for
-from worker_client.job import TrainingJob
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "bench_resume.json"
 

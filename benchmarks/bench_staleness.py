@@ -34,10 +34,11 @@ import numpy as np
 from bench_local import datasets  # run as a script, this folder is on the path
 
 from heraldps.data import SparseDataset
+from heraldps.job import TrainingJob
 from heraldps.modes import HET_MODE
+from heraldps.optim import OPTIMIZERS
 from launcher.local import ModeResult, run_mode
 from scheduler_service.simulate import cache_rows_for
-from worker_client.job import OPTIMIZERS, TrainingJob
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "bench_staleness.json"
 

@@ -1,5 +1,9 @@
 """The training modes every process agrees on (Herald Table 1, plus HET alone).
 
+A mode is one value with fields (:class:`Mode`); the scheduler, the workers and
+the reports read its fields, never its name. Names (the CLI's ``--mode``, the
+proto, job files and reports) stay as they are:
+
 - ``naive``: sequential partition, every update written back each iteration;
 - ``on_demand``: sequential partition, on-demand synchronization;
 - ``location_aware``: Herald Algorithm 1, naive write-backs;
@@ -12,13 +16,90 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from heraldps.errors import InvalidArgument
+
+SEQUENTIAL = "sequential"
+LOCATION_AWARE = "location_aware"
+PARTITIONERS = (SEQUENTIAL, LOCATION_AWARE)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a training mode does, field by field.
+
+    ``partitioner``: how the scheduler assigns a batch's samples to workers
+    (``sequential`` or ``location_aware``, Herald Algorithm 1); ``on_demand_sync``:
+    rows move only when another worker needs them (else every update is written back
+    each iteration); ``early_pulls``: plans flow one iteration ahead with the pulls the
+    previous iteration cannot change marked early; ``het``: the scheduler plans samples
+    only and worker caches decide pulls and pushes by clocks, within the job's
+    staleness bound (``bounded_staleness``).
+    """
+
+    name: str
+    partitioner: str = SEQUENTIAL
+    on_demand_sync: bool = False
+    early_pulls: bool = False
+    het: bool = False
+
+    def __post_init__(self) -> None:
+        if self.partitioner not in PARTITIONERS:
+            raise ValueError(f"mode {self.name}: partitioner must be one of {PARTITIONERS}")
+
+    @property
+    def plans_rows(self) -> bool:
+        """Whether the scheduler's plans say which rows move (every mode but HET)."""
+        return not self.het
+
+    @property
+    def bounded_staleness(self) -> bool:
+        """Whether the job's staleness bound applies (HET; plans are synchronous)."""
+        return self.het
+
+    @property
+    def is_naive(self) -> bool:
+        """Whether this mode moves rows as naive does: its traffic is the baseline's own."""
+        return self.plans == (SEQUENTIAL, False) and not self.early_pulls and not self.het
+
+    @property
+    def plans(self) -> tuple[str, bool]:
+        """What decides the rows a plan moves: modes equal here make the same plans."""
+        return self.partitioner, self.on_demand_sync
+
+    @property
+    def plans_ahead(self) -> int:
+        """Iterations whose plans a worker may hold before it commits the oldest."""
+        return 2 if self.early_pulls else 1
+
+
+_ALL = (
+    Mode("naive"),
+    Mode("on_demand", on_demand_sync=True),
+    Mode("location_aware", partitioner=LOCATION_AWARE),
+    Mode("herald", partitioner=LOCATION_AWARE, on_demand_sync=True),
+    Mode("herald_pipelined", partitioner=LOCATION_AWARE, on_demand_sync=True, early_pulls=True),
+    Mode("het", het=True),
+)
+MODES: dict[str, Mode] = {mode.name: mode for mode in _ALL}
+"""Every mode by name, in the order the CLI and reports list them."""
+
 PIPELINED_MODE = "herald_pipelined"
-HERALD_MODES = ("naive", "on_demand", "location_aware", "herald", PIPELINED_MODE)
 HET_MODE = "het"
-ALL_MODES = (*HERALD_MODES, HET_MODE)
-LOCATION_AWARE_MODES = ("location_aware", "herald", PIPELINED_MODE)
+ALL_MODES = tuple(MODES)
+HERALD_MODES = tuple(m.name for m in _ALL if m.plans_rows)
+LOCATION_AWARE_MODES = tuple(m.name for m in _ALL if m.partitioner == LOCATION_AWARE)
 # What ``heraldps local`` trains without --modes: Herald's Table 1 and HET.
 DEFAULT_LOCAL_MODES = ("naive", "on_demand", "location_aware", "herald", HET_MODE)
 
 # The scheduler keeps one bit per worker in its cache-mirror masks (uint64).
 MAX_WORKERS = 64
+
+
+def mode_named(name: str) -> Mode:
+    """The mode called ``name``; an unknown name is an error that lists the known ones."""
+    mode = MODES.get(name)
+    if mode is None:
+        raise InvalidArgument(f"unknown mode {name!r}; choose one of {', '.join(MODES)}")
+    return mode

@@ -17,14 +17,21 @@ stand for ``steps[i]`` optimizer steps (the sum of that many steps'
 gradients, as a HET worker accumulates them under staleness) as that many
 steps of their mean, so a row's state advances by as many steps as the
 updates it received (see docs/workers.md, "Staleness and adaptive optimizers").
+
+Every optimizer is one :class:`Optimizer` subclass registered by name
+(:func:`register`, :data:`OPTIMIZERS`): the proto conversion, the training job
+and the CLI look optimizers up there. Adding one is writing its class (a frozen
+dataclass whose fields are its proto message's fields), registering it, and
+adding its message to the ``Optimizer`` oneof in ``proto/heraldps/v1/types.proto``.
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -79,9 +86,80 @@ def _check_positive(name: str, **params: float) -> None:
             raise InvalidArgument(f"{name}: {key} must be a finite number > 0, got {value}")
 
 
+class Optimizer(abc.ABC):
+    """A row update ``apply(values, state, grads)`` and the state it keeps per row.
+
+    Subclasses are frozen dataclasses whose fields are the parameters their proto
+    message carries (same names), registered with :func:`register` under ``name``, the
+    proto oneof field and ``--optimizer`` value. ``job_defaults``: the parameters a
+    training job uses when it names the optimizer (its ``lr`` overrides ``lr``).
+    """
+
+    name: ClassVar[str]
+    job_defaults: ClassVar[dict[str, float]]
+
+    @abc.abstractmethod
+    def state_width(self, dim: int) -> int:
+        """Floats of state per row of ``dim`` values."""
+
+    @abc.abstractmethod
+    def init_state(self, rows: int, dim: int) -> np.ndarray:
+        """The state of ``rows`` new rows."""
+
+    @abc.abstractmethod
+    def apply(self, values: Array, state: Array, grads: Array) -> None:
+        """One step of ``grads`` on ``values`` and ``state``, in place."""
+
+    def apply_steps(
+        self, values: Array, state: Array, grads: Array, steps: npt.NDArray[np.int32] | None
+    ) -> None:
+        """Row i as ``steps[i]`` steps of its mean gradient (None: one step each)."""
+        _apply_as_steps(self.apply, values, state, grads, steps)
+
+    def to_proto(self) -> types_pb2.Optimizer:
+        """The wire form: the oneof field ``name`` set to this optimizer's fields."""
+        params = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        kind: dict[str, Any] = {self.name: params}
+        return types_pb2.Optimizer(**kind)
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {}
+"""Every optimizer by name, in the order registered (the CLI's choices)."""
+
+_O = TypeVar("_O", bound=type[Optimizer])
+
+
+def register(cls: _O) -> _O:
+    """Make ``cls`` an optimizer the wire, the job file and the CLI know by ``cls.name``.
+    Its fields must be its proto message's, so conversion both ways is by name."""
+    kinds = types_pb2.Optimizer.DESCRIPTOR.oneofs_by_name["kind"].fields
+    message = {field.name: field.message_type for field in kinds}.get(cls.name)
+    if message is None:
+        raise TypeError(f"optimizer {cls.name!r}: add its message to the proto Optimizer oneof")
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    if names != [f.name for f in message.fields]:
+        raise TypeError(f"optimizer {cls.name!r}: fields {names} differ from {message.name}'s")
+    if cls.name in OPTIMIZERS:
+        raise TypeError(f"optimizer {cls.name!r} is registered already")
+    OPTIMIZERS[cls.name] = cls
+    return cls
+
+
+def optimizer_class(name: str) -> type[Optimizer]:
+    """The optimizer registered as ``name``; an unknown name lists the known ones."""
+    cls = OPTIMIZERS.get(name)
+    if cls is None:
+        raise InvalidArgument(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    return cls
+
+
+@register
 @dataclass(frozen=True)
-class SGD:
+class SGD(Optimizer):
     """``value -= lr * grad``."""
+
+    name: ClassVar[str] = "sgd"
+    job_defaults: ClassVar[dict[str, float]] = {"lr": 0.05}
 
     lr: float = 0.01
 
@@ -103,13 +181,20 @@ class SGD:
         """k SGD steps of ``g / k`` are one step of ``g``: the step counts change nothing."""
         self.apply(values, state, grads)
 
-    def to_proto(self) -> types_pb2.Optimizer:
-        return types_pb2.Optimizer(sgd=types_pb2.SgdOptimizer(lr=self.lr))
 
-
+@register
 @dataclass(frozen=True)
-class AdaGrad:
+class AdaGrad(Optimizer):
     """``acc += grad^2; value -= lr * grad / (sqrt(acc) + eps)``."""
+
+    name: ClassVar[str] = "adagrad"
+    # A positive start (TensorFlow's 0.1) keeps the first steps of rarely seen rows from
+    # being lr * g / |g|, which turns float32 rounding noise into full steps.
+    job_defaults: ClassVar[dict[str, float]] = {
+        "lr": 0.05,
+        "initial_accumulator": 0.1,
+        "eps": 1e-8,
+    }
 
     lr: float = 0.01
     initial_accumulator: float = 0.0
@@ -135,23 +220,18 @@ class AdaGrad:
         state += grads * grads
         values -= np.float32(self.lr) * grads / (xp.sqrt(state) + np.float32(self.eps))
 
-    def apply_steps(
-        self, values: Array, state: Array, grads: Array, steps: npt.NDArray[np.int32] | None
-    ) -> None:
-        """Row i as ``steps[i]`` AdaGrad steps of its mean gradient."""
-        _apply_as_steps(self.apply, values, state, grads, steps)
 
-    def to_proto(self) -> types_pb2.Optimizer:
-        return types_pb2.Optimizer(
-            adagrad=types_pb2.AdagradOptimizer(
-                lr=self.lr, initial_accumulator=self.initial_accumulator, eps=self.eps
-            )
-        )
-
-
+@register
 @dataclass(frozen=True)
-class Adam:
-    """Adam with bias correction and a per-row step count."""
+class Adam(Optimizer):
+    """Adam with bias correction and a per-row step count. Under ``apply_steps`` a row's
+    step count (bias correction) and moments advance as they would have over its steps."""
+
+    name: ClassVar[str] = "adam"
+    # eps 1e-6 instead of 1e-8: on a gradient that cancels to ~1e-9, Adam's step is about
+    # lr * sign(g), so float32 summation order (which worker's push the PS adds first)
+    # would decide a whole step. With 1e-6 the step error stays near lr * noise / eps.
+    job_defaults: ClassVar[dict[str, float]] = {"lr": 0.001, "eps": 1e-6}
 
     lr: float = 0.001
     beta1: float = 0.9
@@ -189,33 +269,14 @@ class Adam:
         v_hat = v / (one - xp.power(beta2, step))
         values -= np.float32(self.lr) * m_hat / (xp.sqrt(v_hat) + np.float32(self.eps))
 
-    def apply_steps(
-        self, values: Array, state: Array, grads: Array, steps: npt.NDArray[np.int32] | None
-    ) -> None:
-        """Row i as ``steps[i]`` Adam steps of its mean gradient: its step count (bias
-        correction) and moments advance as they would have over those steps."""
-        _apply_as_steps(self.apply, values, state, grads, steps)
-
-    def to_proto(self) -> types_pb2.Optimizer:
-        return types_pb2.Optimizer(
-            adam=types_pb2.AdamOptimizer(
-                lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps
-            )
-        )
-
-
-Optimizer = SGD | AdaGrad | Adam
-
 
 def optimizer_from_proto(msg: types_pb2.Optimizer) -> Optimizer:
     """Build an optimizer from its wire form; an unset kind is an error."""
     kind = msg.WhichOneof("kind")
-    if kind == "sgd":
-        return SGD(lr=msg.sgd.lr)
-    if kind == "adagrad":
-        a = msg.adagrad
-        return AdaGrad(lr=a.lr, initial_accumulator=a.initial_accumulator, eps=a.eps)
-    if kind == "adam":
-        a2 = msg.adam
-        return Adam(lr=a2.lr, beta1=a2.beta1, beta2=a2.beta2, eps=a2.eps)
-    raise InvalidArgument("optimizer: set one of sgd, adagrad or adam")
+    if kind is None:
+        raise InvalidArgument(f"optimizer: set one of {', '.join(OPTIMIZERS)}")
+    cls = OPTIMIZERS.get(kind)
+    if cls is None:
+        raise InvalidArgument(f"optimizer: {kind!r} is not registered in heraldps.optim")
+    params = getattr(msg, kind)
+    return cls(**{f.name: getattr(params, f.name) for f in fields(cls)})  # type: ignore[arg-type]

@@ -30,12 +30,12 @@ from heraldps.data import SparseDataset, check
 from heraldps.data.global_batches import StreamedBatches
 from heraldps.errors import Aborted, AlreadyExists, HeraldError, ResourceExhausted, error_from_rpc
 from heraldps.healthcheck import wait_serving
+from heraldps.job import TrainingJob
 from heraldps.ports import serve_metrics
 from heraldps.samples import encode_samples
 from heraldps.security import ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
-from worker_client.job import TrainingJob
 
 log = logging.getLogger(__name__)
 

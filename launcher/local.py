@@ -33,7 +33,8 @@ from heraldps.data import DataSpec, SparseDataset, stream
 from heraldps.data.global_batches import GlobalBatches, InMemoryBatches
 from heraldps.data.key_union import distinct_keys as distinct_keys_of
 from heraldps.errors import HeraldError
-from heraldps.modes import HET_MODE
+from heraldps.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
+from heraldps.modes import mode_named
 from heraldps.serving import channel_options
 from heraldps.traffic import REPORTED
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -50,11 +51,12 @@ from launcher.cluster import (
     stop_all,
     worker_process,
 )
+from launcher.export import export_from_ps
 from launcher.feed import MAX_MESSAGE_BYTES, submit_batches
 from launcher.netns import ClusterNetwork
 from worker_client.evaluation import auc, logloss
-from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import select
+from worker_client.predictor import EVAL_CHUNK_ROWS
 from worker_client.timing import PHASES, network_share
 
 
@@ -160,9 +162,6 @@ def _feed(
         submit_batches(stub, batches.iter_from(start), start=start, stop=stop)
 
 
-EVAL_CHUNK_ROWS = 65_536
-
-
 def evaluate(
     job: TrainingJob, eval_data: SparseDataset | DataSpec, ps: PSClient
 ) -> tuple[float, float]:
@@ -254,12 +253,14 @@ def run_mode(
     cache_gb: float = 1.0,
     network: ClusterNetwork | None = None,
     recovery: Recovery | None = None,
+    export: Path | None = None,
 ) -> ModeResult:
     """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure
     (with ``recovery.max_restarts``: after that many whole-cluster restarts).
 
     ``store="cached"`` runs Cached-PS shards (LMDB under ``workdir``) with ``cache_gb`` of
-    host cache per table. With ``network`` every process runs in its namespace there."""
+    host cache per table. With ``network`` every process runs in its namespace there.
+    ``export``: write the final model there (``heraldps.model_export``) after evaluating."""
     recovery = recovery or Recovery()
     workdir.mkdir(parents=True, exist_ok=True)
     batches = (
@@ -282,7 +283,7 @@ def run_mode(
                                network, recovery, checkpoint_dir, attempt)  # fmt: skip
         error: ClusterError | None = None
         try:
-            result = attempt_run.train(eval_data, progress, keep_model)
+            result = attempt_run.train(eval_data, progress, keep_model, export)
         except ClusterError as exc:
             error = exc
         if restarts:  # this attempt resumed after the previous one failed
@@ -359,6 +360,7 @@ class _Attempt:
         eval_data: SparseDataset | DataSpec | None,
         progress: Progress | None,
         keep_model: bool,
+        export: Path | None = None,
     ) -> ModeResult:
         job, mode, shards, batches = self.job, self.mode, self.shards, self.batches
         workdir, network = self.workdir, self.network
@@ -435,6 +437,11 @@ class _Attempt:
                 auc_value, logloss_value = evaluate(job, eval_data, ps)
             dense_size = job.model().dense_size
             kept = read_model(job, ps, distinct_keys(batches), dense_size) if keep_model else {}
+            if export is not None:
+                quality = {"auc": auc_value, "logloss": logloss_value}
+                source = {"mode": mode, "iterations": len(batches),
+                          **{k: v for k, v in quality.items() if v == v}}  # fmt: skip
+                export_from_ps(job, ps, export, source)
             ps.close()
             return ModeResult(
                 mode=mode,
@@ -650,6 +657,7 @@ def run_local(
     link_mbit: float | None = None,
     ps_link_mbit: float | None = None,
     recovery: Recovery | None = None,
+    export: Path | None = None,
 ) -> dict[str, ModeResult]:
     """Every mode on its own fresh cluster, same batches and model; results by mode.
 
@@ -657,7 +665,8 @@ def run_local(
     end, so a failure's message says so instead of naming a file that no longer exists.
     With ``link_mbit`` every process runs behind its own link of that rate (PS shards:
     ``ps_link_mbit``) on one emulated network, built once for all modes. ``recovery``:
-    checkpoints and restarts; its ``checkpoint_dir`` gets one folder per mode.
+    checkpoints and restarts; its ``checkpoint_dir`` gets one folder per mode. ``export``:
+    each mode's final model goes to ``export/MODE`` (``heraldps.model_export``).
     """
     recovery = recovery or Recovery()
     results = {}
@@ -669,9 +678,10 @@ def run_local(
         for mode in modes:
             try:
                 results[mode] = run_mode(
-                    job if mode == HET_MODE else replace(job, staleness=0),
+                    job if mode_named(mode).bounded_staleness else replace(job, staleness=0),
                     mode, shards, train, eval_data, root / mode, progress, store=store,
                     cache_gb=cache_gb, network=net, recovery=_for_mode(recovery, mode),
+                    export=export / mode if export is not None else None,
                 )  # fmt: skip
             except ClusterError as exc:
                 if workdir is not None:

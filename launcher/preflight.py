@@ -22,7 +22,7 @@ from heraldps.data.global_batches import (
     StreamedBatches,
 )
 from heraldps.errors import CacheTooSmall, InvalidArgument
-from heraldps.modes import LOCATION_AWARE_MODES
+from heraldps.modes import LOCATION_AWARE, mode_named
 
 
 def check_columns(data: str, format: str, sparse_columns: tuple[str, ...] | None) -> None:
@@ -96,7 +96,7 @@ def check_cache(
         needed = largest_mini_batch(one_pass, workers, batch_size_per_worker, iterations)
     if needed > cache_rows:
         raise cache_error(distinct, needed, cache_rows, "")
-    planned = [mode for mode in modes if mode in LOCATION_AWARE_MODES]
+    planned = [mode for mode in modes if mode_named(mode).partitioner == LOCATION_AWARE]
     if planned and row_keys is not None and batch_size_per_worker * row_keys <= cache_rows:
         planned = []  # any mini-batch fits: no plan can need more than its rows' keys
     if planned:

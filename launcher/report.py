@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
-from heraldps.modes import HET_MODE
+from heraldps.modes import mode_named
 from launcher.local import ModeResult
 
 
@@ -95,7 +95,7 @@ def agreement_line(results: dict[str, ModeResult]) -> str:
 def ps_agrees(result: ModeResult) -> bool:
     """The shards' counters equal what the workers counted from their own RPCs."""
     t, ps = result.traffic, result.ps_counted
-    if result.mode == HET_MODE:  # HET's final flush is a gradient push
+    if mode_named(result.mode).het:  # HET's final flush is a gradient push
         return bool(
             ps["pulls"] == t["pulls"]
             and ps["grad_pushes"] == t["grad_pushes"] + t["final_flush"]

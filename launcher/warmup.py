@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
 from heraldps.data.global_batches import MiniBatchSizes, StreamedBatches
+from heraldps.job import TrainingJob
 from heraldps.modes import ALL_MODES
 from launcher.cli.data import count_rows, first_pass
 from launcher.feed import FeedConfig, run_feed
@@ -47,7 +48,6 @@ from ps_server.server import PSConfig, PSServer
 from scheduler_service.checkpointer import CheckpointConfig
 from scheduler_service.server import SchedulerConfig, SchedulerServer
 from scheduler_service.simulate import SimulationConfig, simulate
-from worker_client.job import TrainingJob
 from worker_client.worker import WorkerConfig, run_worker
 
 WORKERS = 2

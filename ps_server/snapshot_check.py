@@ -18,22 +18,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.checksums import sha256_file
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import distinct
 from heraldps.limits import MAX_ITERATION
 from heraldps.spec import TableSpec
 
-_CHUNK = 1 << 22
 _NPY_LOCK = threading.Lock()
-
-
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file, read in chunks (hashlib releases the GIL on large ones)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def save_npy(path: Path, array: npt.NDArray[Any]) -> str:

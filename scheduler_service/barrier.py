@@ -24,7 +24,7 @@ from heraldps.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from heraldps.modes import PIPELINED_MODE
+from heraldps.modes import mode_named
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import SampleScheduler, Scheduler
@@ -73,7 +73,7 @@ class Barrier:
         self.max_backlog = max_backlog
         # How many iterations a plan may run ahead of the last commit: 1 is BSP's (plan
         # t+1 after t's commit); the pipelined mode's plan t+1 flows after t-1's.
-        self.lead = 2 if scheduler.mode == PIPELINED_MODE else 1
+        self.lead = mode_named(scheduler.mode).plans_ahead
         self.registered: set[int] = set()
         self._collective: dict[int, str] = {}  # worker -> its Collective service's address
         self.committed = -1

@@ -16,18 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from heraldps.errors import InvalidArgument
+from heraldps.modes import mode_named
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
-
-# Herald Table 1's modes as (partition, sync).
-MODE_PARTS = {
-    "naive": ("sequential", "naive"),
-    "on_demand": ("sequential", "on_demand"),
-    "location_aware": ("location_aware", "naive"),
-    "herald": ("location_aware", "on_demand"),
-    "herald_pipelined": ("location_aware", "on_demand"),  # plus early pulls marked
-}
 
 
 @dataclass
@@ -60,8 +52,9 @@ class ReferenceScheduler:
 
     @classmethod
     def for_mode(cls, num_workers: int, capacity: int, mode: str) -> ReferenceScheduler:
-        partition, sync = MODE_PARTS[mode]
-        return cls(num_workers, capacity, partition, sync, early=mode == "herald_pipelined")
+        fields = mode_named(mode)
+        sync = "on_demand" if fields.on_demand_sync else "naive"
+        return cls(num_workers, capacity, fields.partitioner, sync, early=fields.early_pulls)
 
     def valid(self, worker: int, key: int) -> bool:
         row = self.caches[worker].get(key)

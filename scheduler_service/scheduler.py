@@ -25,7 +25,13 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.errors import CacheTooSmall, FailedPrecondition, InvalidArgument
-from heraldps.modes import ALL_MODES, HET_MODE, PIPELINED_MODE
+from heraldps.modes import (
+    HERALD_MODES,
+    HET_MODE,
+    LOCATION_AWARE,
+    SEQUENTIAL,
+    mode_named,
+)
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service import kernels
@@ -207,13 +213,14 @@ def _member(
     return found
 
 
-MODES: dict[str, tuple[type[Partitioner], type[SyncPlanner]]] = {
-    "naive": (SequentialPartitioner, NaiveSync),
-    "on_demand": (SequentialPartitioner, OnDemandSync),
-    "location_aware": (LocationAwarePartitioner, NaiveSync),
-    "herald": (LocationAwarePartitioner, OnDemandSync),
-    PIPELINED_MODE: (LocationAwarePartitioner, OnDemandSync),
+PARTITIONERS: dict[str, type[Partitioner]] = {
+    SEQUENTIAL: SequentialPartitioner,
+    LOCATION_AWARE: LocationAwarePartitioner,
 }
+"""The class behind each ``Mode.partitioner``."""
+
+MODES = HERALD_MODES
+"""The modes :class:`Scheduler` plans (every mode but HET, which plans samples only)."""
 
 
 STAGES = ("front", "touch_keys", "evict_and_list", "plans")
@@ -253,13 +260,13 @@ class Scheduler:
         checkpoint_every: int = 0,
         expected_keys: int = 0,
     ) -> None:
-        if mode not in MODES:
-            raise InvalidArgument(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-        partitioner, planner = MODES[mode]
+        fields = mode_named(mode)
+        if not fields.plans_rows:
+            raise InvalidArgument(f"mode {mode!r} plans samples only; use make_scheduler")
         self.mode = mode
-        self.partitioner = partitioner()
-        self.planner = planner()
-        self.early = EarlyPulls() if mode == PIPELINED_MODE else None
+        self.partitioner = PARTITIONERS[fields.partitioner]()
+        self.planner: SyncPlanner = OnDemandSync() if fields.on_demand_sync else NaiveSync()
+        self.early = EarlyPulls() if fields.early_pulls else None
         self.mirror = CacheMirror(num_workers, capacity, expected_keys)
         self.counts = Traffic()
         self.checkpoint_every = checkpoint_every
@@ -518,9 +525,6 @@ def make_scheduler(
     """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``.
 
     ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front."""
-    if mode == HET_MODE:
+    if mode_named(mode).het:
         return SampleScheduler(num_workers, capacity, checkpoint_every)
     return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys)
-
-
-SERVICE_MODES = ALL_MODES

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.fence import MAX_LEASE_SECONDS, MAX_RUN_ID_CHARS, MIN_LEASE_SECONDS
-from heraldps.modes import PIPELINED_MODE
+from heraldps.modes import MODES, mode_named
 from heraldps.ports import check_port
 from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
@@ -20,7 +20,7 @@ from scheduler_service.barrier import Barrier, RunAborted
 from scheduler_service.checkpointer import CheckpointConfig, Checkpointer
 from scheduler_service.claim import ShardLease
 from scheduler_service.metrics import CheckpointMetrics, SchedulerMetrics
-from scheduler_service.scheduler import SERVICE_MODES, make_scheduler
+from scheduler_service.scheduler import make_scheduler
 from scheduler_service.servicer import SchedulerServicer
 from scheduler_service.shadow import NaiveShadow
 from scheduler_service.watchdog import Watchdog
@@ -92,12 +92,12 @@ class SchedulerConfig:
             raise ValueError(
                 f"--worker-timeout must be >= 0 seconds (0: never), got {self.worker_timeout}"
             )
-        if self.mode not in SERVICE_MODES:
-            raise ValueError(f"--mode must be one of {', '.join(SERVICE_MODES)}, got {self.mode!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.threads < self.min_threads:
             raise ValueError(
                 f"--threads {self.threads} is too few for {self.workers} workers' reports "
-                f"waiting for commits (--mode {PIPELINED_MODE}); use at least {self.min_threads}"
+                f"waiting for commits (--mode {self.mode}); use at least {self.min_threads}"
             )
         if (self.checkpoints.every or self.checkpoints.resume_from) and not self.ps:
             raise ValueError("--checkpoint-every and --resume-from need --ps (the shards)")
@@ -108,7 +108,7 @@ class SchedulerConfig:
             )
         if self.pipelined and self.max_backlog < 2:
             raise ValueError(
-                f"--mode {PIPELINED_MODE} releases plan t+1 while t trains, which needs "
+                f"--mode {self.mode} releases plan t+1 while t trains, which needs "
                 f"--max-backlog 2 or more, got {self.max_backlog}"
             )
 
@@ -119,7 +119,8 @@ class SchedulerConfig:
 
     @property
     def pipelined(self) -> bool:
-        return self.mode == PIPELINED_MODE
+        """Whether plans flow one iteration ahead (the mode's early pulls)."""
+        return mode_named(self.mode).early_pulls
 
     @property
     def min_threads(self) -> int:
@@ -158,7 +159,7 @@ class SchedulerServer(GrpcProcess):
         self.metrics.aborted.set_function(lambda: float(self.barrier.failure is not None))
         self.shadow = (
             NaiveShadow(config.workers, config.cache_rows)
-            if config.shadow_naive and config.mode != "naive"
+            if config.shadow_naive and not mode_named(config.mode).is_naive
             else None
         )
         self.metrics.watch_counts(lambda: scheduler.counts, self._naive_counts)
@@ -192,7 +193,7 @@ class SchedulerServer(GrpcProcess):
 
     def _naive_counts(self) -> Traffic | None:
         """Naive's counts on the batches so far: the scheduler's own in mode naive."""
-        if self.config.mode == "naive":
+        if mode_named(self.config.mode).is_naive:
             return self.barrier.scheduler.counts
         if self.shadow is None or self.shadow.failed is not None:
             return None

@@ -19,7 +19,7 @@ from typing import Any
 
 from heraldps.data import SparseDataset
 from heraldps.data.global_batches import GlobalBatches, InMemoryBatches, mini_batch_sizes
-from heraldps.modes import PIPELINED_MODE
+from heraldps.modes import PIPELINED_MODE, mode_named
 from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import MODES, Scheduler
@@ -131,13 +131,13 @@ def _plan(
 
 def plan_groups(modes: Sequence[str]) -> list[tuple[str, ...]]:
     """``modes`` grouped by the plans they make, in order: modes with the same partitioner
-    and sync planner (``MODES``) make the same plans batch after batch, so one scheduler
+    and sync (``Mode.plans``) make the same plans batch after batch, so one scheduler
     plans them all. Today that is herald and herald_pipelined, whose scheduler only marks
     which of those pulls may go early (``plan_modes`` plans such a group with the pipelined
     mode's scheduler, so its marks are counted too). Modes keep their order."""
-    groups: dict[tuple[type, type], list[str]] = {}
+    groups: dict[tuple[str, bool], list[str]] = {}
     for mode in modes:
-        groups.setdefault(MODES[mode], []).append(mode)
+        groups.setdefault(mode_named(mode).plans, []).append(mode)
     return [tuple(g) for g in groups.values()]
 
 
@@ -161,13 +161,14 @@ def plan_modes(
     scheduler. ``CacheTooSmall`` as soon as a mini-batch does not fit."""
     out: dict[str, tuple[Traffic, float]] = {}
     for group in plan_groups(modes):
-        planner = PIPELINED_MODE if PIPELINED_MODE in group else group[0]
+        early = [mode for mode in group if mode_named(mode).early_pulls]
+        planner = early[0] if early else group[0]
         scheduler = Scheduler(workers, capacity, planner, expected_keys=expected_keys)
         report = None if progress is None else partial(progress, "/".join(group))
         seconds = _plan(scheduler, batches, report)
         for mode in group:
             counts = replace(scheduler.counts)
-            if mode != planner:  # the same plans, without the pipelined mode's marks
+            if not mode_named(mode).early_pulls:  # the same plans, without the early marks
                 counts.early_pulls = 0
             out[mode] = (counts, seconds)
         del scheduler  # its mirror goes before the next group's is built

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.arrays import to_host
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.keyindex import SlotMap
 from heraldps.optim import Optimizer
-from worker_client.device import to_host
 
 Keys = npt.NDArray[np.int64]
 Slots = npt.NDArray[np.int64]

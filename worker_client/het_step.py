@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.arrays import to_host
+from heraldps.job import EMBEDDING_TABLE
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
-from worker_client.device import to_host
-from worker_client.job import EMBEDDING_TABLE
 from worker_client.step import Step
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from heraldps.modes import HET_MODE
+from heraldps.modes import mode_named
 from heraldps.ports import serve_metrics
 from heraldps.traffic import Traffic
 from worker_client.cache import EmbeddingCache
@@ -141,7 +141,9 @@ class WorkerMetrics:
         self.dense_bytes.labels(*labels)
         for phase in PHASES:
             self.phase_seconds.labels(*labels, phase)
-        self.staleness_bound.labels(*labels).set(staleness if mode == HET_MODE else 0)
+        self.staleness_bound.labels(*labels).set(
+            staleness if mode_named(mode).bounded_staleness else 0
+        )
         self.cache_capacity.labels(*labels).set(cache_rows)
         self.cache_rows.labels(*labels).set(0)
         self.cache_dirty_rows.labels(*labels).set(0)

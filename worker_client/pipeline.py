@@ -41,11 +41,11 @@ import numpy.typing as npt
 
 from heraldps.client import PSClient
 from heraldps.client.core import Pulled
+from heraldps.job import EMBEDDING_TABLE, TrainingJob
 from heraldps.plan import CommPlan, plan_from_proto
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2
 from worker_client.dense_sync import DenseSync
-from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.plan_step import PlanMismatch, PlanStep
 
 

@@ -27,13 +27,13 @@ import time
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.arrays import to_host
 from heraldps.client.core import Pulled
 from heraldps.errors import FailedPrecondition
+from heraldps.job import EMBEDDING_TABLE
 from heraldps.keyindex import KeyIndex
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
-from worker_client.device import to_host
-from worker_client.job import EMBEDDING_TABLE
 from worker_client.sends import Sends
 from worker_client.step import Step
 

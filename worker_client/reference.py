@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.data.dataset import SparseDataset
+from heraldps.job import TrainingJob
 from heraldps.keyindex import KeyIndex
-from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches, select
 
 

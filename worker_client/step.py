@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.arrays import to_host
 from heraldps.client import PSClient
 from heraldps.errors import FailedPrecondition
+from heraldps.job import TrainingJob
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from worker_client.cache import EmbeddingCache
 from worker_client.dense_sync import DenseSync, PSDense
-from worker_client.device import to_host
-from worker_client.job import TrainingJob
 from worker_client.minibatch import MiniBatch, select
 from worker_client.timing import PhaseTimer
 

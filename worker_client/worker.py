@@ -29,7 +29,8 @@ import numpy as np
 from heraldps.auth import SESSION_METADATA_KEY
 from heraldps.client import PSClient
 from heraldps.errors import FailedPrecondition, HeraldError, Unavailable, error_from_rpc
-from heraldps.modes import HET_MODE, PIPELINED_MODE
+from heraldps.job import EMBEDDING_TABLE, TrainingJob
+from heraldps.modes import mode_named
 from heraldps.security import ClientSecurity, ServerSecurity, open_channel
 from heraldps.serving import channel_options, keepalive_options
 from heraldps.tls import TlsFiles
@@ -38,7 +39,6 @@ from worker_client.collective import AllReduce, Mailbox, serve_collective
 from worker_client.dense_sync import AllReduceDense, DenseSync
 from worker_client.device import array_module
 from worker_client.het_step import HETStep
-from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.metrics import WorkerMetrics
 from worker_client.pipeline import PipelinedPlanStep, PlanFeed
 from worker_client.plan_step import PlanStep
@@ -87,11 +87,12 @@ def make_step(
     xp: Any = np,
     dense: DenseSync | None = None,
 ) -> Step:
-    """The step of a scheduler mode, chosen once: HET for ``het``, plan execution with
-    early pulls for ``herald_pipelined``, else plan execution."""
-    if mode == HET_MODE:
+    """The step of a scheduler mode, chosen once: HET's clocks for a HET mode, plan
+    execution with early pulls for a mode with early pulls, else plan execution."""
+    fields = mode_named(mode)
+    if fields.het:
         return HETStep(job, worker, ps, cache_rows, xp, dense)
-    if mode == PIPELINED_MODE:
+    if fields.early_pulls:
         return PipelinedPlanStep(job, worker, ps, cache_rows, xp, dense)
     return PlanStep(job, worker, ps, cache_rows, xp, dense)
 

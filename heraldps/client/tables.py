@@ -10,7 +10,7 @@ from heraldps.client.arguments import check_name, integer
 from heraldps.client.core import ShardClient
 from heraldps.errors import InvalidArgument, TableExists, shown
 from heraldps.init import Initializer, Zeros
-from heraldps.optim import Optimizer
+from heraldps.optim import OPTIMIZERS, Optimizer
 from heraldps.spec import MAX_DIM, TableSpec, UpdateMode
 from heraldps.v1 import ps_pb2, types_pb2
 
@@ -49,7 +49,8 @@ class TableAdmin(ShardClient):
         dim = integer(dim, f"create_table {shown(name)}: dim", 1, MAX_DIM)
         if not isinstance(optimizer, Optimizer):
             raise InvalidArgument(
-                f"create_table {shown(name)}: optimizer must be SGD, AdaGrad or Adam (from "
+                f"create_table {shown(name)}: optimizer must be one of "
+                f"{', '.join(cls.__name__ for cls in OPTIMIZERS.values())} (from "
                 f"heraldps.optim), got {shown(optimizer)}"
             )
         if initializer is not None and not isinstance(initializer, Initializer):

@@ -15,7 +15,19 @@ from collections.abc import Sequence
 
 from heraldps import __version__
 from heraldps.runtime import tune_malloc
-from launcher.cli import feed, health, keyset, local, ps, scheduler, simulate, warmup, worker
+from launcher.cli import (
+    export,
+    feed,
+    health,
+    keyset,
+    local,
+    predict,
+    ps,
+    scheduler,
+    simulate,
+    warmup,
+    worker,
+)
 from launcher.cli.command import Command, HelpFormatter
 from launcher.cli.env_parser import EnvArgumentParser, mention_env
 
@@ -25,6 +37,8 @@ COMMANDS: tuple[Command, ...] = (
     worker.COMMAND,
     feed.COMMAND,
     local.COMMAND,
+    export.COMMAND,
+    predict.COMMAND,
     simulate.COMMAND,
     keyset.COMMAND,
     health.COMMAND,

@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
+from heraldps.optim import OPTIMIZERS
 from launcher.cli.command import Command, at_least, fraction, names, non_negative, positive
 from launcher.cli.data import add_data_arguments
 
 if TYPE_CHECKING:
     from heraldps.data import DataSpec
     from heraldps.data.global_batches import MiniBatchSizes, StreamedBatches
-    from worker_client.job import TrainingJob
+    from heraldps.job import TrainingJob
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,9 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.1,
         help="cache rows per worker = floor(fraction x distinct training keys), 0 < f <= 1",
     )
-    p.add_argument(
-        "--optimizer", default="adagrad", choices=("sgd", "adagrad", "adam"), help="optimizer"
-    )
+    p.add_argument("--optimizer", default="adagrad", choices=tuple(OPTIMIZERS), help="optimizer")
     p.add_argument(
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
     )
@@ -90,6 +89,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="allreduce: worker 0 stores the dense model on the PS this often (0: at the end)",
     )
     p.add_argument("--json", default=None, help="write the full report here")
+    p.add_argument(
+        "--export",
+        default=None,
+        metavar="DIR",
+        help="write each mode's final model to DIR/MODE (a new directory; docs/serving.md): "
+        "heraldps predict --model DIR/MODE scores data with it",
+    )
     p.add_argument("--plot", default=None, help="write traffic and loss curves here (PNG)")
     p.add_argument(
         "--wide", action="store_true", help="print every count, not the 100-column summary"
@@ -168,6 +174,21 @@ def modes_of(text: str) -> list[str]:
 
         raise InvalidArgument(f"--modes takes a comma-separated subset of {', '.join(ALL_MODES)}")
     return modes
+
+
+def check_export(export: str | None, modes: list[str]) -> None:
+    """``--export DIR``: every DIR/MODE must be new, checked before anything trains."""
+    if export is None:
+        return
+    import os
+    from pathlib import Path
+
+    taken = [str(Path(export) / m) for m in modes if os.path.lexists(Path(export) / m)]
+    if taken:
+        from heraldps.errors import InvalidArgument
+
+        raise InvalidArgument(f"--export: {', '.join(taken)} already exists; give a new "
+                              "directory (or remove it)")  # fmt: skip
 
 
 def dense_sync_of(args: argparse.Namespace) -> str:
@@ -265,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from heraldps.job import TrainingJob
     from launcher.cli.data import spec_of
     from launcher.lifeline import stop_on_signals
     from launcher.local import Recovery, run_local
@@ -279,9 +301,9 @@ def run(args: argparse.Namespace) -> int:
     )
     from scheduler_service.simulate import cache_rows_for
     from worker_client.device import array_module
-    from worker_client.job import TrainingJob
 
     modes = modes_of(args.modes)
+    check_export(args.export, modes)
     check_network(args.link_mbit, args.ps_link_mbit)
     sparse = names(args.sparse_columns)
     check_columns(args.data, args.format, sparse)
@@ -323,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
                 checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
                 keep=args.keep_checkpoints, max_restarts=args.max_restarts,
                 worker_timeout=args.worker_timeout,
-            ),
+            ), export=Path(args.export) if args.export else None,
         )  # fmt: skip
     if args.wide and not console.is_terminal:
         console.width = 200
@@ -341,6 +363,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(results, config, args.json)
         console.print(f"report: {args.json}", highlight=False)
+    if args.export:
+        console.print(f"models: {', '.join(str(Path(args.export) / m) for m in modes)}",
+                      highlight=False)  # fmt: skip
     if args.plot:
         from launcher.plot import write_plot
 

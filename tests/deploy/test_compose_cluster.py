@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from heraldps.client import PSClient
+from heraldps.job import TrainingJob
 from launcher.local import read_model
 from tests.deploy.compose import DEPLOY, ComposeRun, heraldps_services, load_compose
-from worker_client.job import TrainingJob
 from worker_client.reference import ReferenceTrainer
 
 

@@ -28,6 +28,7 @@ import pytest
 
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
+from heraldps.job import TrainingJob
 from launcher.local import ModeResult, evaluate, read_model, run_mode
 from tests.deploy.docker import (
     DEPLOY,
@@ -39,7 +40,6 @@ from tests.deploy.docker import (
     project,
 )
 from tests.deploy.observability import dashboard_expressions, prometheus_api, scrape_targets
-from worker_client.job import TrainingJob
 
 # Compose publishes fixed host ports (7001, 7002, 7100, 9090, 3000): these tests run on one
 # pytest-xdist process, one after another, with the other tests that bind such ports.

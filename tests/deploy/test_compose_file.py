@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
+from heraldps.job import TrainingJob
 from launcher.cli import build_parser
 from launcher.cli.env_parser import ENV_PREFIX, flag_actions, subcommands
 from scheduler_service.simulate import cache_rows_for
@@ -29,7 +30,6 @@ from tests.deploy.compose import (
 )
 from tests.deploy.observability import scrape_targets
 from tests.tools import require_tool
-from worker_client.job import TrainingJob
 
 COMPOSE = load_compose()
 SERVICES = heraldps_services(COMPOSE)

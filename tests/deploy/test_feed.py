@@ -14,12 +14,12 @@ import pytest
 
 from heraldps.errors import HeraldError
 from heraldps.init import Zeros
+from heraldps.job import TrainingJob
 from heraldps.optim import SGD
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.feed import FeedConfig, FeedError, run_feed
 from scheduler_service.server import SchedulerConfig, SchedulerServer
 from tests.conftest import ClusterFactory
-from worker_client.job import TrainingJob
 
 JOB = TrainingJob(
     data="bundled:criteo_head8k", workers=2, batch_size_per_worker=32, iterations=6,

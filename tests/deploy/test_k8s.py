@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from heraldps.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from launcher.cli import build_parser
 from ps_server.memory import TABLE_OVERHEAD_BYTES
 from ps_server.server import PSConfig
@@ -38,7 +39,6 @@ from tests.deploy.k8s_manifests import (
     with_components,
 )
 from tests.tools import require_tool
-from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 
 KUBERNETES_VERSION = "1.30.0"
 BUILDS = ("base", "overlays/dev", "overlays/prod")

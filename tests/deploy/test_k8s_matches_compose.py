@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from heraldps.job import TrainingJob
 from tests.deploy import compose
 from tests.deploy.k8s_manifests import (
     COMPLETION_INDEX,
@@ -31,7 +32,6 @@ from tests.deploy.k8s_manifests import (
     with_components,
 )
 from tests.tools import require_tool
-from worker_client.job import TrainingJob
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import yaml
 
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
+from heraldps.job import TrainingJob
 from heraldps.samples import encode_samples
 from heraldps.serving import channel_options
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -51,7 +52,6 @@ from tests.deploy.observability import (
     scraping_every,
 )
 from tests.tools import require_tool
-from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches
 
 HINT = "apt-get install prometheus (Debian's package ships prometheus and promtool)"

@@ -19,10 +19,10 @@ import grpc
 import numpy as np
 
 from heraldps.client import PSClient
+from heraldps.job import TrainingJob
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.local import read_model
 from tests.processes import port, start, stop_all
-from worker_client.job import TrainingJob
 from worker_client.reference import ReferenceTrainer
 
 ITERATIONS = 24

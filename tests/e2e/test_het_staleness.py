@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from heraldps.bundled import bundled_data
+from heraldps.job import TrainingJob
 from heraldps.modes import HET_MODE
 from launcher.local import run_mode
 from launcher.report import ps_agrees
 from scheduler_service.simulate import cache_rows_for
-from worker_client.job import TrainingJob
 
 TRAIN, TEST = bundled_data()
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from heraldps.data.global_batches import GlobalBatches, InMemoryBatches
+from heraldps.job import TrainingJob
 from launcher.divergence import ModelDifference, ShuffledBatches, model_difference
 from launcher.local import run_mode
 from tests.e2e.test_local_training import small_job
-from worker_client.job import TrainingJob
 
 CONTROL_SEEDS = (0, 1)
 # The controls' largest differences spread by about 2x from seed to seed (measured:

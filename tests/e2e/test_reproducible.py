@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from heraldps.bundled import bundled_data
+from heraldps.job import TrainingJob
 from launcher.local import run_mode
 from scheduler_service.simulate import cache_rows_for
-from worker_client.job import TrainingJob
 
 TRAIN, _ = bundled_data()
 

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 
 from heraldps import checkpoints
+from heraldps.job import DENSE_TABLE, EMBEDDING_TABLE
 from heraldps.modes import HERALD_MODES
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.cluster import ClusterError
 from launcher.local import Recovery, run_mode
 from ps_server.snapshot import read_for_shard
 from tests.e2e.test_local_training import small_job
-from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE
 from worker_client.reference import ReferenceTrainer
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}  # the exactness tests' (test_local_training.py)

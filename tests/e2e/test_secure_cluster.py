@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 from heraldps.client import PSClient
+from heraldps.job import TrainingJob
 from heraldps.security import ClientSecurity
 from heraldps.tls import TlsFiles
 from tests.certs import make_pki
 from tests.processes import heraldps, port, start, stop_all
-from worker_client.job import TrainingJob
 
 ITERATIONS = 4
 JOB = TrainingJob(

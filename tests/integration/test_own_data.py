@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from heraldps.data import read_all, scan
+from heraldps.job import TrainingJob
 from worker_client.evaluation import auc
-from worker_client.job import TrainingJob
 from worker_client.minibatch import select
 from worker_client.reference import ReferenceTrainer
 

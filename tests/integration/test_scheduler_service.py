@@ -15,6 +15,7 @@ import pytest
 
 from heraldps import wire
 from heraldps.bundled import bundled_data
+from heraldps.job import TrainingJob
 from heraldps.optim import SGD
 from heraldps.plan import plan_from_proto
 from heraldps.samples import encode_samples
@@ -23,7 +24,6 @@ from scheduler_service.batch import Batch
 from scheduler_service.scheduler import Scheduler
 from scheduler_service.server import SchedulerConfig, SchedulerServer
 from tests.conftest import ClusterFactory
-from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches
 
 WORKERS, PER_WORKER, CAPACITY = 3, 4, 40

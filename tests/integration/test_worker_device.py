@@ -34,6 +34,7 @@ import pytest
 
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
+from heraldps.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from heraldps.modes import ALL_MODES, HERALD_MODES, HET_MODE, PIPELINED_MODE
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
@@ -41,7 +42,6 @@ from scheduler_service.scheduler import make_scheduler
 from scheduler_service.simulate import cache_rows_for
 from tests import fakecupy
 from tests.conftest import ClusterFactory
-from worker_client.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from worker_client.minibatch import global_batches
 from worker_client.pipeline import PipelinedPlanStep
 from worker_client.reference import ReferenceTrainer

@@ -13,11 +13,11 @@ from dataclasses import replace
 import numpy as np
 
 from heraldps.bundled import bundled_data
+from heraldps.job import EMBEDDING_TABLE, TrainingJob
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from tests.conftest import ClusterFactory
 from worker_client.het_step import HETStep
-from worker_client.job import EMBEDDING_TABLE, TrainingJob
 from worker_client.metrics import WorkerMetrics
 from worker_client.minibatch import global_batches, select
 from worker_client.timing import PHASES

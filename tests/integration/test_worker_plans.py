@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from heraldps.bundled import bundled_data
+from heraldps.job import TrainingJob
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import Scheduler
 from tests.conftest import ClusterFactory
-from worker_client.job import TrainingJob
 from worker_client.minibatch import global_batches
 from worker_client.pipeline import PipelinedPlanStep
 from worker_client.plan_step import PlanMismatch, PlanStep

@@ -9,7 +9,7 @@ import pytest
 from heraldps import bundled
 from heraldps.data import DataSpec, read_all
 from heraldps.errors import InvalidArgument
-from worker_client.job import TrainingJob
+from heraldps.job import TrainingJob
 
 
 def test_names_resolve_to_the_package_files() -> None:

@@ -207,8 +207,8 @@ def test_distinct_counter_grows_without_losing_an_entry() -> None:
 
 
 def test_a_feeder_without_the_job_s_row_count_counts_the_rows_by_parsing() -> None:
+    from heraldps.job import TrainingJob
     from launcher.feed import job_batches
-    from worker_client.job import TrainingJob
 
     for max_rows, rows in ((None, 7200), (5000, 5000)):
         job = TrainingJob(data=TRAIN, max_rows=max_rows, workers=4, batch_size_per_worker=25)

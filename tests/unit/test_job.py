@@ -1,4 +1,5 @@
-"""TrainingJob's byte accounting: what a row weighs per direction, step counts included."""
+"""TrainingJob's byte accounting (what a row weighs per direction, step counts included)
+and the optimizer it builds from a name."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from dataclasses import replace
 
 import pytest
 
+from heraldps.errors import InvalidArgument
+from heraldps.job import TrainingJob
 from heraldps.modes import HET_MODE
-from worker_client.job import TrainingJob
+from heraldps.optim import SGD, AdaGrad, Adam, Optimizer
 
 
 @pytest.mark.parametrize(
@@ -29,3 +32,25 @@ def test_grad_push_bytes_count_the_step_counts_sent(
     assert job.pushes_steps == (staleness > 0 and optimizer != "sgd")
     if mode == HET_MODE:
         assert sizes["final_flush"] == sizes["grad_push"]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "lr", "expected"),
+    [
+        ("sgd", None, SGD(lr=0.05)),
+        ("adagrad", None, AdaGrad(lr=0.05, initial_accumulator=0.1, eps=1e-8)),
+        ("adam", None, Adam(lr=0.001, eps=1e-6)),
+        ("adam", 0.01, Adam(lr=0.01, eps=1e-6)),
+        ("adagrad", 0.2, AdaGrad(lr=0.2, initial_accumulator=0.1, eps=1e-8)),
+    ],
+)
+def test_a_named_optimizer_gets_the_job_defaults(
+    optimizer: str, lr: float | None, expected: Optimizer
+) -> None:
+    """The registry's job defaults are the values the job used before the registry."""
+    assert TrainingJob(data="x", optimizer=optimizer, lr=lr).make_optimizer() == expected
+
+
+def test_an_unknown_optimizer_lists_the_registered_ones() -> None:
+    with pytest.raises(InvalidArgument, match="--optimizer must be one of sgd, adagrad, adam"):
+        TrainingJob(data="x", optimizer="rmsprop")

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heraldps.errors import InvalidArgument
+from heraldps.model import DeepFM, ModelConfig, scatter_add
 from worker_client.evaluation import auc, logloss
-from worker_client.model import DeepFM, ModelConfig, scatter_add
 
 F64 = npt.NDArray[np.float64]
 TINY = ModelConfig(num_fields=3, num_dense=2, embedding_dim=4, hidden=(5,), seed=1)

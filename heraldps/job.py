@@ -21,13 +21,11 @@ from heraldps.data import DataSpec, SparseDataset, read_all
 from heraldps.data.spec import FORMATS
 from heraldps.errors import InvalidArgument
 from heraldps.init import Normal
-from heraldps.modes import HET_MODE
-from heraldps.optim import SGD, AdaGrad, Adam, Optimizer
-from worker_client.model import DeepFM, ModelConfig
+from heraldps.model import DeepFM, ModelConfig
+from heraldps.modes import mode_named
+from heraldps.optim import Optimizer, optimizer_class
 
-OPTIMIZERS = ("sgd", "adagrad", "adam")
 DENSE_SYNCS = ("allreduce", "ps")
-DEFAULT_LR = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
 EMBEDDING_TABLE = "emb"
 DENSE_TABLE = "dense"
 
@@ -68,8 +66,7 @@ class TrainingJob:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise InvalidArgument(f"--format must be one of {', '.join(FORMATS)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise InvalidArgument(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
+        optimizer_class(self.optimizer)  # a registered name, or the error that lists them
         if self.staleness < 0:
             raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
         if self.dense_sync not in DENSE_SYNCS:
@@ -123,18 +120,13 @@ class TrainingJob:
         return DeepFM(config, xp)
 
     def make_optimizer(self) -> Optimizer:
-        lr = DEFAULT_LR[self.optimizer] if self.lr is None else self.lr
-        if self.optimizer == "sgd":
-            return SGD(lr=lr)
-        if self.optimizer == "adagrad":
-            # A positive start (TensorFlow's 0.1) keeps the first steps of rarely seen rows
-            # from being lr * g / |g|, which turns float32 rounding noise into full steps.
-            return AdaGrad(lr=lr, initial_accumulator=0.1, eps=1e-8)
-        # eps 1e-6 instead of 1e-8 for the same reason: on a gradient that cancels to ~1e-9,
-        # Adam's step is about lr * sign(g), so float32 summation order (which worker's
-        # push the PS adds first) would decide a whole step. With 1e-6 the step error stays
-        # near lr * noise / eps.
-        return Adam(lr=lr, eps=1e-6)
+        """The registered optimizer ``optimizer`` names, with its job defaults
+        (``Optimizer.job_defaults``) and the job's ``lr`` where one is set."""
+        cls = optimizer_class(self.optimizer)
+        params = dict(cls.job_defaults)
+        if self.lr is not None:
+            params["lr"] = self.lr
+        return cls(**params)
 
     @property
     def pushes_steps(self) -> bool:
@@ -149,13 +141,14 @@ class TrainingJob:
         HET pushes each row's local step count too where ``pushes_steps`` (int32, 4)."""
         dim = self.embedding_dim
         state = self.make_optimizer().state_width(dim)
-        steps = 4 if mode == HET_MODE and self.pushes_steps else 0
+        het = mode_named(mode).het
+        steps = 4 if het and self.pushes_steps else 0
         sizes = {
             "pull": 8 + 8 + 4 * (dim + state),
             "grad_push": 8 + 4 * dim + steps,
             "write_back": 8 + 8 + 8 + 4 * (dim + state),
         }
-        sizes["final_flush"] = sizes["grad_push" if mode == HET_MODE else "write_back"]
+        sizes["final_flush"] = sizes["grad_push" if het else "write_back"]
         return sizes
 
     def make_initializer(self) -> Normal:

@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.arrays import to_host
 from heraldps.errors import InvalidArgument
-from worker_client.device import to_host
 
 f32 = np.float32
 
