@@ -2,7 +2,8 @@
 
 The invariant that matters most: with staleness 0, every mode ends with the
 model single-process training produces (embeddings, optimizer state,
-versions, dense parameters), up to float32 summation order; and the
+versions, dense parameters), up to float32 summation order, and modes that
+give each worker the same samples end bit-identical; and the
 traffic the workers count from their RPCs is what ``heraldps simulate``
 predicts for the same batches, row for row.
 """
@@ -21,8 +22,9 @@ import pytest
 
 from heraldps.bundled import bundled_data
 from heraldps.job import TrainingJob
-from heraldps.modes import ALL_MODES, HERALD_MODES, PIPELINED_MODE
+from heraldps.modes import ALL_MODES, HERALD_MODES, MODES, PIPELINED_MODE
 from launcher.cluster import ClusterError
+from launcher.divergence import model_difference
 from launcher.local import run_mode
 from launcher.report import ps_agrees
 from scheduler_service.simulate import SimulationConfig, cache_rows_for, simulate
@@ -50,9 +52,10 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
     predicted = simulate(train, SimulationConfig(str(TRAIN), "criteo", 4, 32, 0.03, ITERATIONS))[
         "modes"
     ]
+    models = {}
     for mode in ALL_MODES:
         result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
-        model = result.model
+        model = models[mode] = result.model
         values, state, versions = reference.rows_of(model["keys"])
         np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
         np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
@@ -73,6 +76,13 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
         if mode == PIPELINED_MODE:  # herald's rows, some fetched while the previous trained
             assert predicted[mode]["pulls"] == predicted["herald"]["pulls"]
             assert 0 < live["early_pulls"] <= predicted[mode]["early_pulls"]
+    # Modes that give each worker the same samples add the same terms in the same order:
+    # naive, on_demand and het; location_aware, herald and herald_pipelined.
+    first_of: dict[str, str] = {}
+    for mode in ALL_MODES:
+        first = first_of.setdefault(MODES[mode].partitioner, mode)
+        same = model_difference(models[mode], models[first])
+        assert same.bit_identical, (first, mode, same)
 
 
 def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
