@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.activations import activation_named
 from heraldps.arrays import to_host
 from heraldps.errors import InvalidArgument
 
@@ -54,6 +55,7 @@ class ModelConfig:
     embedding_dim: int = 8
     hidden: tuple[int, ...] = (64, 32)
     seed: int = 0
+    activation: str = "relu"  # of the hidden layers: a name in heraldps.activations
 
     def __post_init__(self) -> None:
         if self.num_fields < 1:
@@ -75,6 +77,7 @@ class ModelConfig:
                 f"every hidden layer size must be at least 1, got {self.hidden}; "
                 "use e.g. (64, 32), or () for no hidden layer"
             )
+        activation_named(self.activation)  # a registered name, or the error that lists them
 
 
 class DenseParams(NamedTuple):
@@ -104,6 +107,7 @@ class DeepFM:
     def __init__(self, config: ModelConfig, xp: Any = np) -> None:
         self.config = config
         self.xp = xp
+        self.activation = activation_named(config.activation)
         c = config
         widths = [c.num_fields * c.embedding_dim + c.num_dense, *c.hidden, 1]
         # (offset, shape) of every tensor, in layout order.
@@ -126,15 +130,15 @@ class DeepFM:
     def init_dense(self) -> npt.NDArray[np.float32]:
         """Initial dense vector, deterministic from ``config.seed`` (host NumPy).
 
-        He-uniform for hidden layers (they feed a ReLU), Glorot-uniform for the
-        output layer, zeros for biases and for the linear term.
+        He-uniform for hidden layers that feed a ReLU (or leaky ReLU), Glorot-uniform
+        for the others and for the output layer, zeros for biases and for the linear term.
         """
         rng = np.random.default_rng(self.config.seed)
         out = np.zeros(self._dense_size, dtype=np.float32)
         num_layers = len(self.config.hidden) + 1
         for layer in range(num_layers):
             offset, (fan_in, fan_out) = self._layout[2 * layer]
-            if layer < num_layers - 1:
+            if layer < num_layers - 1 and self.activation.he_init:
                 limit = np.sqrt(6.0 / fan_in)
             else:
                 limit = np.sqrt(6.0 / (fan_in + fan_out))
@@ -205,7 +209,7 @@ class DeepFM:
         for W, b in params.layers[:-1]:
             z = h @ W + b
             pre.append(z)
-            h = xp.maximum(z, f32(0))
+            h = self.activation.forward(xp, z)
             inputs.append(h)
         W_out, b_out = params.layers[-1]
         deep = (h @ W_out + b_out)[:, 0]
@@ -265,7 +269,8 @@ class DeepFM:
             W = params.layers[layer][0]
             dW, db = g.layers[layer]
             if layer < len(params.layers) - 1:
-                dh = dh * (pre[layer] > 0).astype(np.float32)  # through the ReLU
+                # Through the activation; inputs[layer + 1] is this layer's output.
+                dh = dh * self.activation.grad(xp, pre[layer], inputs[layer + 1])
             dW[...] = inputs[layer].T @ dh
             db[...] = dh.sum(axis=0)
             dh = dh @ W.T

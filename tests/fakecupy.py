@@ -258,6 +258,7 @@ log = _elementwise(np.log)
 log1p = _elementwise(np.log1p)
 abs = _elementwise(np.abs)
 sqrt = _elementwise(np.sqrt)
+tanh = _elementwise(np.tanh)
 power = _elementwise(np.power)
 isfinite = _elementwise(np.isfinite)
 
