@@ -69,6 +69,7 @@ class TrainingJob:
     embedding_dim: int = 8
     hidden: tuple[int, ...] = (64, 32)  # MLP hidden layer widths (--hidden-layers)
     activation: str = "relu"  # of the hidden layers: a name in heraldps.activations
+    dropout: float = 0.0  # rate on the hidden layers' outputs in training (0: off)
     seed: int = 0
     staleness: int = 0
     policy: str = "lru"
@@ -80,6 +81,8 @@ class TrainingJob:
         if self.format not in FORMATS:
             raise InvalidArgument(f"--format must be one of {', '.join(FORMATS)}")
         check_hidden_layers(self.hidden, self.activation)
+        if not 0.0 <= self.dropout < 1.0:
+            raise InvalidArgument(f"--dropout must be in [0, 1), got {self.dropout}; e.g. 0.1")
         optimizer_class(self.optimizer)  # a registered name, or the error that lists them
         if self.staleness < 0:
             raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
@@ -131,6 +134,7 @@ class TrainingJob:
             hidden=self.hidden,
             seed=self.seed,
             activation=self.activation,
+            dropout=self.dropout,
         )
         return DeepFM(config, xp)
 

@@ -74,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--activation", default="relu", choices=tuple(ACTIVATIONS), help="MLP hidden activation"
     )
     p.add_argument(
+        "--dropout", type=non_negative, default=0.0,
+        help="dropout rate of the MLP hidden layers in training, in [0, 1) (0: off)",
+    )  # fmt: skip
+    p.add_argument(
         "--policy", default="lru", choices=("lru", "lfu"), help="HET cache eviction policy"
     )
     p.add_argument(
@@ -335,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers, batch_size_per_worker=args.batch_size_per_worker,
         iterations=args.iterations, epochs=args.epochs, optimizer=args.optimizer, lr=args.lr,
         embedding_dim=args.embedding_dim, staleness=args.staleness, policy=args.policy,
-        hidden=args.hidden_layers, activation=args.activation,
+        hidden=args.hidden_layers, activation=args.activation, dropout=args.dropout,
         device=args.device, dense_sync=dense_sync_of(args),
         dense_checkpoint_every=args.dense_checkpoint_every,
     )  # fmt: skip
