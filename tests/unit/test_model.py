@@ -383,18 +383,21 @@ def test_dropout_needs_the_sample_ids() -> None:
 
 
 @pytest.mark.gpu
-def test_cupy_matches_numpy() -> None:
+@pytest.mark.parametrize("config", [TINY, *DEEP], ids=lambda c: f"{c.activation}-{c.dropout}")
+def test_cupy_matches_numpy(config: ModelConfig) -> None:
     cupy = pytest.importorskip("cupy")
     from worker_client.device import gpu_available
 
     if not gpu_available():
         pytest.skip("no CUDA GPU")
-    batch = Batch(TINY, batch=32, rows=7, seed=11)
-    dense = random_dense(DeepFM(TINY), 11)
-    expected = batch.run(DeepFM(TINY), dense, 32.0)
-    got = DeepFM(TINY, cupy).forward_backward(
+    batch = Batch(config, batch=32, rows=7, seed=11)
+    dense = random_dense(DeepFM(config), 11)
+    ids = np.arange(320, 352, dtype=np.int64)
+    expected = batch.run(DeepFM(config), dense, 32.0, ids)
+    got = DeepFM(config, cupy).forward_backward(
         cupy.asarray(dense), cupy.asarray(batch.emb), cupy.asarray(batch.field_rows),
         cupy.asarray(batch.dense_x), cupy.asarray(batch.labels), loss_scale=32.0,
+        sample_ids=cupy.asarray(ids),
     )  # fmt: skip
     assert got[0] == pytest.approx(expected[0], rel=1e-5)
     for g, e in zip(got[1:], expected[1:], strict=True):
