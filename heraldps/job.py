@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from heraldps.activations import ACTIVATIONS
 from heraldps.client import DENSE_ROW_WIDTH, DenseParameter, PSClient
 from heraldps.data import DataSpec, SparseDataset, read_all
 from heraldps.data.spec import FORMATS
@@ -28,6 +29,17 @@ from heraldps.optim import Optimizer, optimizer_class
 DENSE_SYNCS = ("allreduce", "ps")
 EMBEDDING_TABLE = "emb"
 DENSE_TABLE = "dense"
+
+
+def check_hidden_layers(hidden: tuple[int, ...], activation: str) -> None:
+    """The MLP's shape and activation, refused with the flag to fix before any process starts."""
+    if any(width < 1 for width in hidden):
+        raise InvalidArgument(
+            f"--hidden-layers widths must be >= 1, got {','.join(map(str, hidden))}; "
+            "e.g. --hidden-layers 400,400,400 (an empty value: no hidden layer)"
+        )
+    if activation not in ACTIVATIONS:
+        raise InvalidArgument(f"--activation must be one of {', '.join(ACTIVATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,9 @@ class TrainingJob:
     optimizer: str = "adagrad"
     lr: float | None = None
     embedding_dim: int = 8
-    hidden: tuple[int, ...] = (64, 32)
+    hidden: tuple[int, ...] = (64, 32)  # MLP hidden layer widths (--hidden-layers)
+    activation: str = "relu"  # of the hidden layers: a name in heraldps.activations
+    dropout: float = 0.0  # rate on the hidden layers' outputs in training (0: off)
     seed: int = 0
     staleness: int = 0
     policy: str = "lru"
@@ -66,6 +80,9 @@ class TrainingJob:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise InvalidArgument(f"--format must be one of {', '.join(FORMATS)}")
+        check_hidden_layers(self.hidden, self.activation)
+        if not 0.0 <= self.dropout < 1.0:
+            raise InvalidArgument(f"--dropout must be in [0, 1), got {self.dropout}; e.g. 0.1")
         optimizer_class(self.optimizer)  # a registered name, or the error that lists them
         if self.staleness < 0:
             raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
@@ -116,6 +133,8 @@ class TrainingJob:
             embedding_dim=self.embedding_dim,
             hidden=self.hidden,
             seed=self.seed,
+            activation=self.activation,
+            dropout=self.dropout,
         )
         return DeepFM(config, xp)
 

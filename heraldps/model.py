@@ -22,7 +22,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.activations import activation_named
 from heraldps.arrays import to_host
+from heraldps.dropout import dropout_mask
 from heraldps.errors import InvalidArgument
 
 f32 = np.float32
@@ -53,6 +55,8 @@ class ModelConfig:
     embedding_dim: int = 8
     hidden: tuple[int, ...] = (64, 32)
     seed: int = 0
+    activation: str = "relu"  # of the hidden layers: a name in heraldps.activations
+    dropout: float = 0.0  # rate on every hidden layer's output in training (0: off)
 
     def __post_init__(self) -> None:
         if self.num_fields < 1:
@@ -74,6 +78,9 @@ class ModelConfig:
                 f"every hidden layer size must be at least 1, got {self.hidden}; "
                 "use e.g. (64, 32), or () for no hidden layer"
             )
+        activation_named(self.activation)  # a registered name, or the error that lists them
+        if not 0.0 <= self.dropout < 1.0:
+            raise InvalidArgument(f"dropout must be in [0, 1), got {self.dropout}; e.g. 0.1")
 
 
 class DenseParams(NamedTuple):
@@ -103,6 +110,7 @@ class DeepFM:
     def __init__(self, config: ModelConfig, xp: Any = np) -> None:
         self.config = config
         self.xp = xp
+        self.activation = activation_named(config.activation)
         c = config
         widths = [c.num_fields * c.embedding_dim + c.num_dense, *c.hidden, 1]
         # (offset, shape) of every tensor, in layout order.
@@ -125,15 +133,15 @@ class DeepFM:
     def init_dense(self) -> npt.NDArray[np.float32]:
         """Initial dense vector, deterministic from ``config.seed`` (host NumPy).
 
-        He-uniform for hidden layers (they feed a ReLU), Glorot-uniform for the
-        output layer, zeros for biases and for the linear term.
+        He-uniform for hidden layers that feed a ReLU (or leaky ReLU), Glorot-uniform
+        for the others and for the output layer, zeros for biases and for the linear term.
         """
         rng = np.random.default_rng(self.config.seed)
         out = np.zeros(self._dense_size, dtype=np.float32)
         num_layers = len(self.config.hidden) + 1
         for layer in range(num_layers):
             offset, (fan_in, fan_out) = self._layout[2 * layer]
-            if layer < num_layers - 1:
+            if layer < num_layers - 1 and self.activation.he_init:
                 limit = np.sqrt(6.0 / fan_in)
             else:
                 limit = np.sqrt(6.0 / (fan_in + fan_out))
@@ -184,9 +192,15 @@ class DeepFM:
         return dense_params, emb, field_rows, dense_x
 
     def _forward(
-        self, params: DenseParams, emb: Any, field_rows: Any, dense_x: Any
+        self,
+        params: DenseParams,
+        emb: Any,
+        field_rows: Any,
+        dense_x: Any,
+        sample_ids: Any = None,
     ) -> tuple[Any, dict[str, Any]]:
-        """Logits ``[B]`` and what the backward pass needs."""
+        """Logits ``[B]`` and what the backward pass needs. With ``sample_ids`` (training
+        with dropout), each hidden layer's output is masked by :func:`dropout_mask`."""
         xp = self.xp
         B, F = field_rows.shape
         D = self.config.embedding_dim
@@ -200,16 +214,23 @@ class DeepFM:
         s = x.sum(axis=1)  # [B, D]
         fm = f32(0.5) * (s * s - (x * x).sum(axis=1)).sum(axis=1)
         h = xp.concatenate([x.reshape(B, F * D), dense_x], axis=1)
-        inputs, pre = [h], []
-        for W, b in params.layers[:-1]:
+        inputs, pre, acts, masks = [h], [], [], []
+        for layer, (W, b) in enumerate(params.layers[:-1]):
             z = h @ W + b
             pre.append(z)
-            h = xp.maximum(z, f32(0))
+            h = self.activation.forward(xp, z)
+            acts.append(h)
+            if sample_ids is not None:
+                c = self.config
+                mask = dropout_mask(xp, c.dropout, c.seed, layer, sample_ids, z.shape[1])
+                masks.append(mask)
+                h = h * mask
             inputs.append(h)
         W_out, b_out = params.layers[-1]
         deep = (h @ W_out + b_out)[:, 0]
         logit = fm + deep + dense_x @ params.w_lin + params.bias[0]
-        cache = {"present": present, "rows": rows, "x": x, "s": s, "inputs": inputs, "pre": pre}
+        cache = {"present": present, "rows": rows, "x": x, "s": s, "inputs": inputs, "pre": pre,
+                 "acts": acts, "masks": masks}  # fmt: skip
         return logit, cache
 
     def forward_backward(
@@ -220,6 +241,7 @@ class DeepFM:
         dense_x: Any,
         labels: Any,
         loss_scale: float,
+        sample_ids: Any = None,
     ) -> tuple[float, Any, Any]:
         """``(loss_sum, emb_grad, dense_grad)`` of one mini-batch.
 
@@ -228,7 +250,9 @@ class DeepFM:
         batch size as ``loss_scale`` so that the gradients of the workers'
         mini-batches add up to the gradient of the global batch's mean loss.
         ``emb_grad[r]`` sums over every (sample, field) that uses row ``r``;
-        missing fields (-1) contribute nothing.
+        missing fields (-1) contribute nothing. ``sample_ids`` (int64 ``[B]``, the
+        samples' global indices: iteration x global batch + index in the global batch)
+        draw the dropout masks; required when ``config.dropout > 0``, else unused.
         """
         xp = self.xp
         if not loss_scale > 0:
@@ -244,7 +268,20 @@ class DeepFM:
         if labels.shape != (B,):
             raise InvalidArgument(f"labels must be [{B}], got shape {tuple(labels.shape)}")
         params = self.unpack(dense_params)
-        logit, cache = self._forward(params, emb, field_rows, dense_x)
+        if self.config.dropout > 0:
+            if sample_ids is None:
+                raise InvalidArgument(
+                    "this model trains with dropout: pass sample_ids (each sample's global "
+                    "index), from which the masks are drawn"
+                )
+            sample_ids = xp.asarray(sample_ids, dtype=np.int64)
+            if sample_ids.shape != (B,):
+                raise InvalidArgument(
+                    f"sample_ids must be [{B}], got shape {tuple(sample_ids.shape)}"
+                )
+        else:
+            sample_ids = None
+        logit, cache = self._forward(params, emb, field_rows, dense_x, sample_ids)
 
         # Stable BCE from logits: max(z, 0) - z*y + log(1 + exp(-|z|)).
         e = xp.exp(-xp.abs(logit))
@@ -259,12 +296,14 @@ class DeepFM:
         g.w_lin[...] = dense_x.T @ dlogit
         # MLP, output layer first.
         dh = dlogit[:, None]  # d loss / d (layer output)
-        inputs, pre = cache["inputs"], cache["pre"]
+        inputs, pre, acts, masks = cache["inputs"], cache["pre"], cache["acts"], cache["masks"]
         for layer in range(len(params.layers) - 1, -1, -1):
             W = params.layers[layer][0]
             dW, db = g.layers[layer]
             if layer < len(params.layers) - 1:
-                dh = dh * (pre[layer] > 0).astype(np.float32)  # through the ReLU
+                if masks:  # through the dropout mask
+                    dh = dh * masks[layer]
+                dh = dh * self.activation.grad(xp, pre[layer], acts[layer])  # and activation
             dW[...] = inputs[layer].T @ dh
             db[...] = dh.sum(axis=0)
             dh = dh @ W.T

@@ -191,6 +191,8 @@ class ndarray:  # noqa: N801 - named like cupy.ndarray
     __ne__ = _binary(operator.ne)  # type: ignore[assignment]
     __and__ = _binary(operator.and_)
     __or__ = _binary(operator.or_)
+    __xor__ = _binary(operator.xor)
+    __rshift__ = _binary(operator.rshift)
     __iadd__ = _inplace(operator.iadd)
     __isub__ = _inplace(operator.isub)
     __imul__ = _inplace(operator.imul)
@@ -240,6 +242,7 @@ zeros = _creation(np.zeros)
 ones = _creation(np.ones)
 empty = _creation(np.empty)
 full = _creation(np.full)
+arange = _creation(np.arange)
 
 
 def _elementwise(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -258,6 +261,7 @@ log = _elementwise(np.log)
 log1p = _elementwise(np.log1p)
 abs = _elementwise(np.abs)
 sqrt = _elementwise(np.sqrt)
+tanh = _elementwise(np.tanh)
 power = _elementwise(np.power)
 isfinite = _elementwise(np.isfinite)
 

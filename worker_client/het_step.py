@@ -60,7 +60,7 @@ class HETStep(Step):
             slots[fetch] = cache.admit(keys[fetch], values, state, versions)
             traffic.pulls += int(np.count_nonzero(fetch))
         traffic.hits += int(np.count_nonzero(~fetch))
-        loss, emb_grad, dense_grad = self.train(mb, slots)
+        loss, emb_grad, dense_grad = self.train(mb, slots, plan)
         if s == 0:
             with self.timer("push"):
                 self.ps.push_gradients(EMBEDDING_TABLE, keys, to_host(emb_grad), t,

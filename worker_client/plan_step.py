@@ -65,7 +65,7 @@ class PlanStep(Step):
                 f"{mb.keys[slots < 0][:5].tolist()}"
             )
         traffic.hits += mb.keys.shape[0] - plan.pull.shape[0]
-        loss, emb_grad, dense_grad = self.train(mb, slots)
+        loss, emb_grad, dense_grad = self.train(mb, slots, plan)
         self.computed()
         sends = Sends()
         if shared.shape[0]:

@@ -53,13 +53,15 @@ class ReferenceTrainer:
             self.versions = np.concatenate([self.versions, np.zeros(added, np.int64)])
         return rows
 
-    def step(self, batch: SparseDataset) -> None:
+    def step(self, batch: SparseDataset, iteration: int = 0) -> None:
+        """One global batch; ``iteration`` numbers it (from 0), which dropout masks use."""
         mb = select(batch, np.arange(batch.rows, dtype=np.int64))
         rows = self._rows(mb.keys)
         dense = self.dense_param.from_rows(self.dense_rows)
         loss, emb_grad, dense_grad = self.model.forward_backward(
             dense, self.values[rows], mb.field_rows, mb.dense, mb.labels,
             loss_scale=float(batch.rows),
+            sample_ids=iteration * batch.rows + np.arange(batch.rows, dtype=np.int64),
         )  # fmt: skip
         values, state = self.values[rows], self.state[rows]
         self.optimizer.apply(values, state, emb_grad)
@@ -71,10 +73,10 @@ class ReferenceTrainer:
         self.losses.append(loss / batch.rows)
 
     def train(self, dataset: SparseDataset) -> None:
-        for batch in global_batches(
-            dataset, self.job.global_batch, self.job.iterations, self.job.epochs
+        for iteration, batch in enumerate(
+            global_batches(dataset, self.job.global_batch, self.job.iterations, self.job.epochs)
         ):
-            self.step(batch)
+            self.step(batch, iteration)
 
     def rows_of(
         self, keys: npt.NDArray[np.int64]

@@ -94,10 +94,17 @@ class Step(abc.ABC):
             )
         return select(samples)
 
-    def train(self, mb: MiniBatch, slots: npt.NDArray[np.int64]) -> tuple[float, Any, Any]:
-        """(loss sum, embedding gradients [rows], dense gradient) of the mini-batch on the
-        cached rows ``slots`` (one per key of ``mb.keys``); gradients stay on the device."""
+    def train(
+        self, mb: MiniBatch, slots: npt.NDArray[np.int64], plan: CommPlan
+    ) -> tuple[float, Any, Any]:
+        """(loss sum, embedding gradients [rows], dense gradient) of ``plan``'s mini-batch on
+        the cached rows ``slots`` (one per key of ``mb.keys``); gradients stay on the device.
+        Dropout masks are drawn from the samples' global indices (iteration x global batch +
+        index in the global batch), so they do not depend on which worker trains a sample."""
         xp = self.xp
+        sample_ids = None
+        if self.job.dropout > 0:
+            sample_ids = xp.asarray(plan.iteration * self.job.global_batch + plan.samples)
         self.settle_dense()
         with self.timer("dense_pull"):  # all-reduce: a copy of the replica
             dense = xp.asarray(self.dense.values())
@@ -110,6 +117,7 @@ class Step(abc.ABC):
                 xp.asarray(mb.dense),
                 xp.asarray(mb.labels),
                 loss_scale=float(self.job.global_batch),
+                sample_ids=sample_ids,
             )
 
     def push_dense(self, dense_grad: Any, iteration: int, final: bool = False) -> None:

@@ -10,6 +10,7 @@ import argparse
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
+from heraldps.activations import ACTIVATIONS
 from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
 from heraldps.optim import OPTIMIZERS
 from launcher.cli.command import Command, at_least, fraction, names, non_negative, positive
@@ -65,6 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
     )
     p.add_argument("--embedding-dim", type=at_least(1), default=8, help="embedding width")
+    p.add_argument(
+        "--hidden-layers", type=widths, default=(64, 32),
+        help="MLP hidden layer widths, comma-separated, e.g. 400,400,400 ('': none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--activation", default="relu", choices=tuple(ACTIVATIONS), help="MLP hidden activation"
+    )
+    p.add_argument(
+        "--dropout", type=non_negative, default=0.0,
+        help="dropout rate of the MLP hidden layers in training, in [0, 1) (0: off)",
+    )  # fmt: skip
     p.add_argument(
         "--policy", default="lru", choices=("lru", "lfu"), help="HET cache eviction policy"
     )
@@ -164,6 +176,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --link-mbit: the PS shards' links at this rate instead (none: --link-mbit)",
     )
+
+
+def widths(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated integers (``--hidden-layers 400,400,400``); the
+    job refuses widths below 1 with the flag's name."""
+    try:
+        return tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated integers such as 400,400,400, got {text!r}"
+        ) from None
 
 
 def modes_of(text: str) -> list[str]:
@@ -316,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers, batch_size_per_worker=args.batch_size_per_worker,
         iterations=args.iterations, epochs=args.epochs, optimizer=args.optimizer, lr=args.lr,
         embedding_dim=args.embedding_dim, staleness=args.staleness, policy=args.policy,
+        hidden=args.hidden_layers, activation=args.activation, dropout=args.dropout,
         device=args.device, dense_sync=dense_sync_of(args),
         dense_checkpoint_every=args.dense_checkpoint_every,
     )  # fmt: skip

@@ -95,6 +95,10 @@ def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:
         (["--modes", "herald,fast"], "--modes takes a comma-separated subset"),
         (["--ps-link-mbit", "100"], "--ps-link-mbit sets the PS shards' links: add --link-mbit"),
         (["--link-mbit", "0"], "argument --link-mbit: must be a finite number > 0, got 0"),
+        (["--hidden-layers", "64,0"], "--hidden-layers widths must be >= 1, got 64,0"),
+        (["--hidden-layers", "64,x"], "argument --hidden-layers: must be comma-separated integers"),
+        (["--activation", "gelu"], "argument --activation: invalid choice: 'gelu'"),
+        (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),
         (
             ["--worker-timeout", "-1"],
             "argument --worker-timeout: must be a finite number >= 0, got -1",

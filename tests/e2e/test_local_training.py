@@ -85,6 +85,27 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
         assert same.bit_identical, (first, mode, same)
 
 
+def test_a_deeper_mlp_with_dropout_trains_the_single_process_model(tmp_path: Path) -> None:
+    """Hidden layers, activation and dropout reach every worker process through the job
+    file; each sample drops the units its global index draws, whichever worker trains it."""
+    job = replace(small_job("adam"), iterations=10, hidden=(12, 8, 8), activation="sigmoid",
+                  dropout=0.3)  # fmt: skip
+    train = job.read()
+    reference = ReferenceTrainer(job)
+    reference.train(train)
+    plain = ReferenceTrainer(replace(job, dropout=0.0))
+    plain.train(train)
+    assert not np.allclose(plain.dense_rows, reference.dense_rows)  # dropout changed training
+    for mode in ALL_MODES:
+        model = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True).model
+        values, state, _ = reference.rows_of(model["keys"])
+        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(
+            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
+        )
+
+
 def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
     """--store cached, with a PS cache far smaller than the table (evictions on the shards);
     dense parameters through the PS (the other tests all-reduce them among the workers)."""

@@ -22,12 +22,14 @@ refuse implicit host conversion. Two things are checked:
      rows at the bound 1; final flush 1.
      device -> host 6: stale pending 1; evicted pending 1; loss 1; gradients
      (s = 0) or rows at the bound (s > 0) 1; dense gradient 1; final flush 1.
+   - with dropout, one more host -> device: the samples' global indices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,11 +114,16 @@ def train_on_fake_device(
     return counts, ps
 
 
+# A deeper MLP, another activation and dropout: masks drawn from each sample's global index.
+MLP = {"hidden": (8, 8), "activation": "tanh", "dropout": 0.25}
+
+
+@pytest.mark.parametrize("mlp", [{}, MLP], ids=["default_mlp", "tanh_dropout"])
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_every_mode_on_the_fake_device_trains_the_single_process_model(
-    mode: str, cluster: ClusterFactory
+    mode: str, mlp: dict[str, Any], cluster: ClusterFactory
 ) -> None:
-    job = small_job()
+    job = replace(small_job(), **mlp)
     reference = ReferenceTrainer(job)
     reference.train(job.read())
     counts, ps = train_on_fake_device(cluster, job, mode)
@@ -131,7 +138,8 @@ def test_every_mode_on_the_fake_device_trains_the_single_process_model(
     dense, _, _ = ps.pull_with_state(DENSE_TABLE, dense_param.keys)
     np.testing.assert_allclose(dense, reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode)
 
-    bound = BOUNDS["het" if mode == HET_MODE else "plan"]
+    bound = dict(BOUNDS["het" if mode == HET_MODE else "plan"])
+    bound["to_device"] += job.dropout > 0
     assert len(counts) == job.workers * (job.iterations or 0)
     for kind, most in bound.items():
         assert max(c.get(kind, 0) for c in counts) <= most, (mode, kind)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from heraldps.dropout import dropout_mask
 from heraldps.errors import InvalidArgument
 from heraldps.model import DeepFM, ModelConfig, scatter_add
 from worker_client.evaluation import auc, logloss
@@ -19,14 +21,30 @@ F64 = npt.NDArray[np.float64]
 TINY = ModelConfig(num_fields=3, num_dense=2, embedding_dim=4, hidden=(5,), seed=1)
 
 
+# The hidden activations in float64, written independently of heraldps.activations.
+ACTIVATIONS_64 = {
+    "relu": lambda z: np.maximum(z, 0.0),
+    "leaky_relu": lambda z: np.where(z > 0, z, 0.01 * z),
+    "tanh": np.tanh,
+    "sigmoid": lambda z: 1.0 / (1.0 + np.exp(-z)),
+}
+
+
 def reference_logits(
-    config: ModelConfig, dense: F64, emb: F64, field_rows: npt.NDArray[np.int64], dense_x: F64
+    config: ModelConfig,
+    dense: F64,
+    emb: F64,
+    field_rows: npt.NDArray[np.int64],
+    dense_x: F64,
+    masks: list[F64] | None = None,
 ) -> F64:
     """DeepFM in float64, one sample at a time, unpacking the documented layout by hand.
 
     The FM term is the explicit pairwise sum over fields, not the square-of-sum
-    identity the model uses, so the two are independent.
+    identity the model uses, so the two are independent. ``masks[l][b]`` multiplies
+    sample b's hidden layer l output (dropout).
     """
+    act = ACTIVATIONS_64[config.activation]
     F, D, Nd = config.num_fields, config.embedding_dim, config.num_dense
     widths = [F * D + Nd, *config.hidden, 1]
     offset, layers = 0, []
@@ -42,15 +60,24 @@ def reference_logits(
         vecs = [emb[r] if r >= 0 else np.zeros(D) for r in field_rows[b]]
         fm = sum(vecs[f] @ vecs[g] for f in range(F) for g in range(f + 1, F))
         h = np.concatenate([*vecs, dense_x[b]])
-        for W, bb in layers[:-1]:
-            h = np.maximum(h @ W + bb, 0.0)
+        for layer, (W, bb) in enumerate(layers[:-1]):
+            h = act(h @ W + bb) * (masks[layer][b] if masks else 1.0)
         deep = (h @ layers[-1][0] + layers[-1][1])[0]
         out[b] = fm + deep + w_lin @ dense_x[b] + bias
     return out
 
 
-def reference_loss(config: ModelConfig, dense: F64, emb: F64, batch: Batch, scale: float) -> float:
-    z = reference_logits(config, dense, emb, batch.field_rows, batch.dense_x.astype(np.float64))
+def reference_loss(
+    config: ModelConfig,
+    dense: F64,
+    emb: F64,
+    batch: Batch,
+    scale: float,
+    masks: list[F64] | None = None,
+) -> float:
+    z = reference_logits(
+        config, dense, emb, batch.field_rows, batch.dense_x.astype(np.float64), masks
+    )
     y = batch.labels.astype(np.float64)
     return float(np.sum(np.logaddexp(0.0, z) - y * z) / scale)
 
@@ -69,10 +96,13 @@ class Batch:
         self.dense_x = rng.normal(0, 1, (batch, Nd)).astype(np.float32)
         self.labels = rng.integers(0, 2, batch).astype(np.float32)
 
-    def run(self, model: DeepFM, dense: Any, scale: float) -> tuple[float, Any, Any]:
+    def run(
+        self, model: DeepFM, dense: Any, scale: float, sample_ids: Any = None
+    ) -> tuple[float, Any, Any]:
         return model.forward_backward(
-            dense, self.emb, self.field_rows, self.dense_x, self.labels, loss_scale=scale
-        )
+            dense, self.emb, self.field_rows, self.dense_x, self.labels, loss_scale=scale,
+            sample_ids=sample_ids,
+        )  # fmt: skip
 
 
 def random_dense(model: DeepFM, seed: int) -> npt.NDArray[np.float32]:
@@ -82,19 +112,44 @@ def random_dense(model: DeepFM, seed: int) -> npt.NDArray[np.float32]:
     return model.init_dense() + noise
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_gradients_match_finite_differences_of_a_float64_reference(seed: int) -> None:
-    model = DeepFM(TINY)
-    batch = Batch(TINY, batch=6, rows=5, seed=seed)
+# Two hidden layers, each activation, with and without dropout.
+DEEP = [
+    replace(TINY, hidden=(5, 3), activation=name, dropout=rate)
+    for name in ACTIVATIONS_64
+    for rate in (0.0, 0.4)
+]
+SAMPLE_IDS = np.array([7, 130, 3, 64, 65, 1000], np.int64)  # global indices of Batch(6)
+
+
+@pytest.mark.parametrize(
+    ("seed", "config"),
+    [(0, TINY), (1, TINY), (2, TINY)] + [(3, c) for c in DEEP],
+    ids=lambda v: f"{v.activation}-{v.hidden}-{v.dropout}" if isinstance(v, ModelConfig) else "",
+)
+def test_gradients_match_finite_differences_of_a_float64_reference(
+    seed: int, config: ModelConfig
+) -> None:
+    model = DeepFM(config)
+    batch = Batch(config, batch=6, rows=5, seed=seed)
     batch.field_rows[0, :] = [2, 2, -1]  # a repeated row inside one sample
     dense = random_dense(model, seed)
     scale = 10.0
-    loss_sum, emb_grad, dense_grad = batch.run(model, dense, scale)
+    ids = SAMPLE_IDS if config.dropout else None
+    masks = None
+    if config.dropout:
+        masks = [
+            dropout_mask(np, config.dropout, config.seed, layer, SAMPLE_IDS, width)
+            .astype(np.float64)
+            for layer, width in enumerate(config.hidden)
+        ]  # fmt: skip
+        assert 0 < sum(int((m == 0).sum()) for m in masks) < sum(m.size for m in masks)
+    loss_sum, emb_grad, dense_grad = batch.run(model, dense, scale, ids)
     assert emb_grad.dtype == np.float32 and emb_grad.shape == batch.emb.shape
     assert dense_grad.dtype == np.float32 and dense_grad.shape == (model.dense_size,)
 
     d64, e64 = dense.astype(np.float64), batch.emb.astype(np.float64)
-    assert loss_sum / scale == pytest.approx(reference_loss(TINY, d64, e64, batch, scale), 1e-5)
+    expected = reference_loss(config, d64, e64, batch, scale, masks)
+    assert loss_sum / scale == pytest.approx(expected, 1e-5)
 
     eps = 1e-6
 
@@ -111,7 +166,7 @@ def test_gradients_match_finite_differences_of_a_float64_reference(seed: int) ->
         return grad
 
     def loss() -> float:
-        return reference_loss(TINY, d64, e64, batch, scale)
+        return reference_loss(config, d64, e64, batch, scale, masks)
 
     np.testing.assert_allclose(dense_grad, numeric(d64, loss), rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(emb_grad, numeric(e64, loss), rtol=1e-3, atol=1e-6)
@@ -246,6 +301,9 @@ def test_no_dense_features_and_no_hidden_layer() -> None:
         {"num_fields": 2, "num_dense": -1},
         {"num_fields": 2, "num_dense": 1, "embedding_dim": 0},
         {"num_fields": 2, "num_dense": 1, "hidden": (8, 0)},
+        {"num_fields": 2, "num_dense": 1, "activation": "gelu"},
+        {"num_fields": 2, "num_dense": 1, "dropout": 1.0},
+        {"num_fields": 2, "num_dense": 1, "dropout": -0.1},
     ],
 )
 def test_config_rejects_bad_sizes(kwargs: dict[str, Any]) -> None:
@@ -265,19 +323,81 @@ def test_bad_shapes_are_rejected() -> None:
         model.predict(dense, batch.emb, batch.field_rows[:, :2], batch.dense_x)
 
 
+@pytest.mark.parametrize("config", DEEP, ids=lambda c: f"{c.activation}-{c.dropout}")
+def test_the_device_path_gives_numpys_bits(config: ModelConfig) -> None:
+    """Every activation and dropout through the CuPy-like test double: NumPy's bits, and
+    nothing converted to the host implicitly."""
+    from tests import fakecupy
+
+    batch = Batch(config, batch=6, rows=5, seed=9)
+    dense = random_dense(DeepFM(config), 9)
+    expected = batch.run(DeepFM(config), dense, 6.0, SAMPLE_IDS)
+    got = DeepFM(config, fakecupy).forward_backward(
+        *(fakecupy.asarray(a) for a in (dense, batch.emb, batch.field_rows, batch.dense_x,
+                                         batch.labels)),
+        loss_scale=6.0, sample_ids=fakecupy.asarray(SAMPLE_IDS),
+    )  # fmt: skip
+    assert got[0] == expected[0]
+    for g, e in zip(got[1:], expected[1:], strict=True):
+        assert np.array_equal(fakecupy.asnumpy(g), e)
+
+
+def test_a_samples_dropout_mask_does_not_depend_on_its_batch() -> None:
+    """Herald and HET hand a global batch's samples to workers in different groups; a
+    sample's mask, and so the sum of the workers' gradients, must not change with that."""
+    ids = np.arange(1000, 1024, dtype=np.int64)
+    whole = dropout_mask(np, 0.5, 7, 1, ids, 33)
+    order = np.random.default_rng(0).permutation(24)
+    np.testing.assert_array_equal(dropout_mask(np, 0.5, 7, 1, ids[order], 33), whole[order])
+    assert 0.4 < (whole == 0).mean() < 0.6 and set(np.unique(whole)) == {0.0, 2.0}
+    for other in (dropout_mask(np, 0.5, 8, 1, ids, 33), dropout_mask(np, 0.5, 7, 0, ids, 33),
+                  dropout_mask(np, 0.5, 7, 1, ids + 24, 33)):  # fmt: skip
+        assert not np.array_equal(other, whole)  # seed, layer, sample all matter
+
+    config = replace(TINY, hidden=(6, 4), dropout=0.3)
+    model = DeepFM(config)
+    batch = Batch(config, batch=12, rows=6, seed=4)
+    dense = random_dense(model, 4)
+    ids = np.arange(240, 252, dtype=np.int64)  # iteration 20 of a global batch of 12
+    _, _, whole_grad = batch.run(model, dense, 12.0, ids)
+    for part in (np.arange(12) % 2 == 0, np.arange(12) < 3):  # two splits over two workers
+        grads = []
+        for rows in (part, ~part):
+            _, _, g = model.forward_backward(
+                dense, batch.emb, batch.field_rows[rows], batch.dense_x[rows],
+                batch.labels[rows], loss_scale=12.0, sample_ids=ids[rows],
+            )  # fmt: skip
+            grads.append(g)
+        np.testing.assert_allclose(grads[0] + grads[1], whole_grad, rtol=1e-5, atol=1e-7)
+    _, _, undropped = DeepFM(replace(config, dropout=0.0)).forward_backward(
+        dense, batch.emb, batch.field_rows, batch.dense_x, batch.labels, loss_scale=12.0
+    )
+    assert not np.allclose(undropped, whole_grad)  # dropout was on
+
+
+def test_dropout_needs_the_sample_ids() -> None:
+    model = DeepFM(replace(TINY, dropout=0.1))
+    batch = Batch(TINY, batch=4, rows=3, seed=0)
+    with pytest.raises(InvalidArgument, match="sample_ids"):
+        batch.run(model, model.init_dense(), 4.0)
+
+
 @pytest.mark.gpu
-def test_cupy_matches_numpy() -> None:
+@pytest.mark.parametrize("config", [TINY, *DEEP], ids=lambda c: f"{c.activation}-{c.dropout}")
+def test_cupy_matches_numpy(config: ModelConfig) -> None:
     cupy = pytest.importorskip("cupy")
     from worker_client.device import gpu_available
 
     if not gpu_available():
         pytest.skip("no CUDA GPU")
-    batch = Batch(TINY, batch=32, rows=7, seed=11)
-    dense = random_dense(DeepFM(TINY), 11)
-    expected = batch.run(DeepFM(TINY), dense, 32.0)
-    got = DeepFM(TINY, cupy).forward_backward(
+    batch = Batch(config, batch=32, rows=7, seed=11)
+    dense = random_dense(DeepFM(config), 11)
+    ids = np.arange(320, 352, dtype=np.int64)
+    expected = batch.run(DeepFM(config), dense, 32.0, ids)
+    got = DeepFM(config, cupy).forward_backward(
         cupy.asarray(dense), cupy.asarray(batch.emb), cupy.asarray(batch.field_rows),
         cupy.asarray(batch.dense_x), cupy.asarray(batch.labels), loss_scale=32.0,
+        sample_ids=cupy.asarray(ids),
     )  # fmt: skip
     assert got[0] == pytest.approx(expected[0], rel=1e-5)
     for g, e in zip(got[1:], expected[1:], strict=True):
