@@ -121,6 +121,7 @@ class Optimizer(abc.ABC):
 
     name: ClassVar[str]
     job_defaults: ClassVar[dict[str, float]]
+    l2: float  # every optimizer's field: ``grad + l2 * value`` before the update (0: off)
 
     @abc.abstractmethod
     def state_width(self, dim: int) -> int:

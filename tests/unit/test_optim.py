@@ -22,7 +22,8 @@ def reference_step(
     """One row, one element at a time, float32 scalars in the documented order; L2 first:
     the gradient is ``grad + l2 * value`` with the value before the step."""
     dim = len(value)
-    grad = [f32(g) + f32(opt.l2) * f32(w) if opt.l2 else g for g, w in zip(grad, value)]
+    l2 = f32(opt.l2)
+    grad = [f32(g) + l2 * f32(w) if opt.l2 else g for g, w in zip(grad, value, strict=True)]
     if isinstance(opt, SGD):
         for j in range(dim):
             value[j] = f32(value[j]) - f32(opt.lr) * f32(grad[j])
