@@ -1,17 +1,21 @@
 """L2 (``Optimizer.l2``) on real shard servers: a row updated at the PS and the same row
 updated in a worker cache with the same gradients stay bit-identical, on the Staged-PS and
 the Cached-PS, for every optimizer. The PS gets its optimizer over the wire (float32
-fields), the cache the Python one a job builds: both must give the same bits."""
+fields), the cache the Python one a job builds: both must give the same bits. The cache
+runs on NumPy and on the CuPy stand-in (``tests.fakecupy``, NumPy's arithmetic behind a
+device-array interface), which checks the device code path, not a GPU's arithmetic."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from heraldps.init import Normal
 from heraldps.optim import SGD, AdaGrad, Adam, Optimizer
+from tests import fakecupy
 from tests.conftest import ClusterFactory
 from worker_client.cache import EmbeddingCache
 
@@ -23,10 +27,10 @@ OPTIMIZERS = [
 ]
 
 
-@pytest.mark.parametrize("store", ["staged", "cached"])
+@pytest.mark.parametrize(("store", "xp"), [("staged", np), ("cached", np), ("staged", fakecupy)])
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
 def test_cache_and_ps_rows_stay_bit_identical_with_l2(
-    opt: Optimizer, store: str, cluster: ClusterFactory, tmp_path: Path
+    opt: Optimizer, store: str, xp: Any, cluster: ClusterFactory, tmp_path: Path
 ) -> None:
     extra = {"store": "cached", "data_dir": str(tmp_path)} if store == "cached" else {}
     _, ps = cluster(2, **extra)
@@ -34,13 +38,13 @@ def test_cache_and_ps_rows_stay_bit_identical_with_l2(
     keys = np.arange(30, dtype=np.int64) * 7
     values, versions, state = ps.pull_with_state("emb", keys)
     start = values.copy()
-    cache = EmbeddingCache(64, DIM, opt.state_width(DIM))
+    cache = EmbeddingCache(64, DIM, opt.state_width(DIM), "lru", xp)
     slots = cache.admit(keys, values, state, versions)
     rng = np.random.default_rng(9)
     for it in range(5):
         grads = rng.normal(size=(keys.shape[0], DIM)).astype(np.float32)
         grads[:10] = 0.0  # rows moved by L2 alone
-        cache.mark_trained(slots, grads, opt)
+        cache.mark_trained(slots, xp.asarray(grads), opt)
         ps.push_gradients("emb", keys, grads, it)
         ps.commit(it)
     got_values, _, got_state = ps.pull_with_state("emb", keys)
