@@ -10,6 +10,7 @@ samples with their plans, and size the model from the column counts here.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ class TrainingJob:
     cache_rows: int = 1
     optimizer: str = "adagrad"
     lr: float | None = None
+    # L2 on the embedding rows a step updates and on the dense parameters (weight decay):
+    # each optimizer's ``l2`` (grad + l2 * value; see heraldps/optim.py). 0: off.
+    embedding_l2: float = 0.0
+    weight_decay: float = 0.0
     embedding_dim: int = 8
     hidden: tuple[int, ...] = (64, 32)  # MLP hidden layer widths (--hidden-layers)
     activation: str = "relu"  # of the hidden layers: a name in heraldps.activations
@@ -84,6 +89,10 @@ class TrainingJob:
         if not 0.0 <= self.dropout < 1.0:
             raise InvalidArgument(f"--dropout must be in [0, 1), got {self.dropout}; e.g. 0.1")
         optimizer_class(self.optimizer)  # a registered name, or the error that lists them
+        l2s = {"--embedding-l2": self.embedding_l2, "--weight-decay": self.weight_decay}
+        for flag, l2 in l2s.items():
+            if not (math.isfinite(l2) and l2 >= 0):
+                raise InvalidArgument(f"{flag} must be a finite number >= 0 (0: off), got {l2}")
         if self.staleness < 0:
             raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
         if self.dense_sync not in DENSE_SYNCS:
@@ -139,20 +148,31 @@ class TrainingJob:
         return DeepFM(config, xp)
 
     def make_optimizer(self) -> Optimizer:
-        """The registered optimizer ``optimizer`` names, with its job defaults
-        (``Optimizer.job_defaults``) and the job's ``lr`` where one is set."""
+        """The embedding rows' optimizer: the registered one ``optimizer`` names, with its
+        job defaults (``Optimizer.job_defaults``), the job's ``lr`` where one is set and
+        ``l2=embedding_l2``."""
+        return self._optimizer(self.embedding_l2)
+
+    def dense_optimizer(self) -> Optimizer:
+        """The dense parameters' optimizer: :meth:`make_optimizer`'s, ``l2=weight_decay``."""
+        return self._optimizer(self.weight_decay)
+
+    def _optimizer(self, l2: float) -> Optimizer:
         cls = optimizer_class(self.optimizer)
         params = dict(cls.job_defaults)
         if self.lr is not None:
             params["lr"] = self.lr
+        if l2:
+            params["l2"] = l2
         return cls(**params)
 
     @property
     def pushes_steps(self) -> bool:
         """Whether HET pushes carry the local steps each accumulated gradient sums: only
-        under staleness, and only for optimizers with state (k SGD steps of ``g / k`` are
-        one step of ``g``, so SGD's pushes stay as they were)."""
-        return self.staleness > 0 and self.make_optimizer().state_width(self.embedding_dim) > 0
+        under staleness, and only for optimizers with state or L2 (k SGD steps of ``g / k``
+        are one step of ``g`` without L2, so SGD's pushes stay as they were)."""
+        stateful = self.make_optimizer().state_width(self.embedding_dim) > 0
+        return self.staleness > 0 and (stateful or self.embedding_l2 > 0)
 
     def row_bytes(self, mode: str) -> dict[str, int]:
         """Payload bytes of one embedding row per direction in ``mode``: keys and versions 8,
@@ -182,11 +202,12 @@ class TrainingJob:
         return read_all(self.data_spec(path))
 
     def create_tables(self, ps: PSClient) -> None:
-        """The embedding table and the dense table, with the job's optimizer (idempotent)."""
+        """The embedding table and the dense table, each with its optimizer (idempotent)."""
         optimizer = self.make_optimizer()
         ps.create_table(EMBEDDING_TABLE, self.embedding_dim, optimizer, self.make_initializer())
         model = self.model()
-        ps.create_dense(DENSE_TABLE, model.dense_size, optimizer, initial=model.init_dense())
+        dense = self.dense_optimizer()
+        ps.create_dense(DENSE_TABLE, model.dense_size, dense, initial=model.init_dense())
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

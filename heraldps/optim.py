@@ -18,6 +18,17 @@ gradients, as a HET worker accumulates them under staleness) as that many
 steps of their mean, so a row's state advances by as many steps as the
 updates it received (see docs/workers.md, "Staleness and adaptive optimizers").
 
+L2 regularization: every optimizer's ``l2`` (default 0: off) is added to the
+gradient of each row the step updates, ``grad + l2 * value``, before the
+update and inside ``apply``, once per step (so once per each of ``steps[i]``
+steps). That is the gradient of ``(l2 / 2) * ||row||^2`` on the rows a batch
+uses: FuxiCTR's embedding regularizer 0.05, ``(0.05 / 2) * ||E||^2``, is
+``l2=0.05`` here, applied to the batch's rows instead of the whole table (a
+parameter server cannot move every row at every step). For the dense
+parameters it is the coupled weight decay of ``torch.optim``'s
+``weight_decay`` (not AdamW's decoupled one). Since it lives in ``apply``, a
+row updated in a worker cache and at the PS stays bit-identical with it on.
+
 Every optimizer is one :class:`Optimizer` subclass registered by name
 (:func:`register`, :data:`OPTIMIZERS`): the proto conversion, the training job
 and the CLI look optimizers up there. Adding one is writing its class (a frozen
@@ -80,6 +91,19 @@ def _apply_as_steps(
         values[rows], state[rows] = v, st
 
 
+def _regularized(l2: float, values: Array, grads: Array) -> Array:
+    """``grads + l2 * values`` (float32), a new array; ``grads`` itself when ``l2`` is 0,
+    so an optimizer without L2 computes exactly what it did before the term existed."""
+    if l2 == 0.0:
+        return grads
+    return grads + np.float32(l2) * values
+
+
+def _check_l2(name: str, l2: float) -> None:
+    if not (math.isfinite(l2) and l2 >= 0):
+        raise InvalidArgument(f"{name}: l2 must be a finite number >= 0 (0: off), got {l2}")
+
+
 def _check_positive(name: str, **params: float) -> None:
     for key, value in params.items():
         if not (math.isfinite(value) and value > 0):
@@ -97,6 +121,7 @@ class Optimizer(abc.ABC):
 
     name: ClassVar[str]
     job_defaults: ClassVar[dict[str, float]]
+    l2: float  # every optimizer's field: ``grad + l2 * value`` before the update (0: off)
 
     @abc.abstractmethod
     def state_width(self, dim: int) -> int:
@@ -162,9 +187,11 @@ class SGD(Optimizer):
     job_defaults: ClassVar[dict[str, float]] = {"lr": 0.05}
 
     lr: float = 0.01
+    l2: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive("sgd", lr=self.lr)
+        _check_l2("sgd", self.l2)
 
     def state_width(self, dim: int) -> int:
         return 0
@@ -173,13 +200,17 @@ class SGD(Optimizer):
         return np.zeros((rows, 0), dtype=np.float32)
 
     def apply(self, values: Array, state: Array, grads: Array) -> None:
-        values -= np.float32(self.lr) * grads
+        values -= np.float32(self.lr) * _regularized(self.l2, values, grads)
 
     def apply_steps(
         self, values: Array, state: Array, grads: Array, steps: npt.NDArray[np.int32] | None
     ) -> None:
-        """k SGD steps of ``g / k`` are one step of ``g``: the step counts change nothing."""
-        self.apply(values, state, grads)
+        """k SGD steps of ``g / k`` are one step of ``g``: without L2 the step counts change
+        nothing; with it each step decays the row again, so they are taken one by one."""
+        if self.l2 == 0.0:
+            self.apply(values, state, grads)
+        else:
+            _apply_as_steps(self.apply, values, state, grads, steps)
 
 
 @register
@@ -199,9 +230,11 @@ class AdaGrad(Optimizer):
     lr: float = 0.01
     initial_accumulator: float = 0.0
     eps: float = 1e-10
+    l2: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive("adagrad", lr=self.lr)
+        _check_l2("adagrad", self.l2)
         if not (math.isfinite(self.initial_accumulator) and self.initial_accumulator >= 0):
             raise InvalidArgument(
                 f"adagrad: initial_accumulator must be >= 0, got {self.initial_accumulator}"
@@ -217,6 +250,7 @@ class AdaGrad(Optimizer):
 
     def apply(self, values: Array, state: Array, grads: Array) -> None:
         xp = _array_module(values)
+        grads = _regularized(self.l2, values, grads)
         state += grads * grads
         values -= np.float32(self.lr) * grads / (xp.sqrt(state) + np.float32(self.eps))
 
@@ -237,9 +271,11 @@ class Adam(Optimizer):
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    l2: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive("adam", lr=self.lr)
+        _check_l2("adam", self.l2)
         for key, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
             if not (math.isfinite(beta) and 0.0 <= beta < 1.0):
                 raise InvalidArgument(f"adam: {key} must be in [0, 1), got {beta}")
@@ -255,6 +291,7 @@ class Adam(Optimizer):
     def apply(self, values: Array, state: Array, grads: Array) -> None:
         xp = _array_module(values)
         dim = values.shape[1]
+        grads = _regularized(self.l2, values, grads)
         m = state[:, :dim]
         v = state[:, dim : 2 * dim]
         step = state[:, 2 * dim :]

@@ -35,7 +35,8 @@ class ReferenceTrainer:
         self.versions = np.zeros(0, np.int64)
         self.dense_param = job.dense_parameter(self.model.dense_size)
         self.dense_rows = self.dense_param.to_rows(self.model.init_dense())
-        self.dense_state = self.optimizer.init_state(
+        self.dense_optimizer = job.dense_optimizer()
+        self.dense_state = self.dense_optimizer.init_state(
             self.dense_param.rows, self.dense_param.row_width
         )
         self.losses: list[float] = []
@@ -67,7 +68,7 @@ class ReferenceTrainer:
         self.optimizer.apply(values, state, emb_grad)
         self.values[rows], self.state[rows] = values, state
         self.versions[rows] += 1
-        self.optimizer.apply(
+        self.dense_optimizer.apply(
             self.dense_rows, self.dense_state, self.dense_param.to_rows(dense_grad)
         )
         self.losses.append(loss / batch.rows)

@@ -132,7 +132,7 @@ class DenseAllReduceSetup:
         all_reduce = AllReduce(config.worker_id, peers, self.param.size, self.mailbox,
                                config.timeout_seconds, ALLREDUCE_MESSAGE_BYTES,
                                self.peer_security)  # fmt: skip
-        return AllReduceDense(ps, self.param, job.make_optimizer(), all_reduce,
+        return AllReduceDense(ps, self.param, job.dense_optimizer(), all_reduce,
                               job.dense_checkpoint_every)  # fmt: skip
 
     def stop(self) -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17heraldps/v1/types.proto\x12\x0bheraldps.v1\"\xa4\x01\n\x0bInitializer\x12\'\n\x05zeros\x18\x01 \x01(\x0b\x32\x16.heraldps.v1.ZerosInitH\x00\x12+\n\x07uniform\x18\x02 \x01(\x0b\x32\x18.heraldps.v1.UniformInitH\x00\x12)\n\x06normal\x18\x03 \x01(\x0b\x32\x17.heraldps.v1.NormalInitH\x00\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x42\x06\n\x04kind\"\x0b\n\tZerosInit\"(\n\x0bUniformInit\x12\x0b\n\x03low\x18\x01 \x01(\x02\x12\x0c\n\x04high\x18\x02 \x01(\x02\"\'\n\nNormalInit\x12\x0c\n\x04mean\x18\x01 \x01(\x02\x12\x0b\n\x03std\x18\x02 \x01(\x02\"\x9b\x01\n\tOptimizer\x12(\n\x03sgd\x18\x01 \x01(\x0b\x32\x19.heraldps.v1.SgdOptimizerH\x00\x12\x30\n\x07\x61\x64\x61grad\x18\x02 \x01(\x0b\x32\x1d.heraldps.v1.AdagradOptimizerH\x00\x12*\n\x04\x61\x64\x61m\x18\x03 \x01(\x0b\x32\x1a.heraldps.v1.AdamOptimizerH\x00\x42\x06\n\x04kind\"\x1a\n\x0cSgdOptimizer\x12\n\n\x02lr\x18\x01 \x01(\x02\"H\n\x10\x41\x64\x61gradOptimizer\x12\n\n\x02lr\x18\x01 \x01(\x02\x12\x1b\n\x13initial_accumulator\x18\x02 \x01(\x02\x12\x0b\n\x03\x65ps\x18\x03 \x01(\x02\"F\n\rAdamOptimizer\x12\n\n\x02lr\x18\x01 \x01(\x02\x12\r\n\x05\x62\x65ta1\x18\x02 \x01(\x02\x12\r\n\x05\x62\x65ta2\x18\x03 \x01(\x02\x12\x0b\n\x03\x65ps\x18\x04 \x01(\x02\"\xae\x01\n\tTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12-\n\x0binitializer\x18\x03 \x01(\x0b\x32\x18.heraldps.v1.Initializer\x12)\n\toptimizer\x18\x04 \x01(\x0b\x32\x16.heraldps.v1.Optimizer\x12,\n\x0bupdate_mode\x18\x05 \x01(\x0e\x32\x17.heraldps.v1.UpdateMode\"\x8c\x01\n\tTableInfo\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x16.heraldps.v1.TableSpec\x12\x13\n\x0bstate_width\x18\x02 \x01(\x05\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12\x13\n\x0bshard_index\x18\x05 \x01(\x05\x12\x12\n\nnum_shards\x18\x06 \x01(\x05\"\x8a\x01\n\x0bSampleBlock\x12\x16\n\x0esparse_columns\x18\x01 \x03(\t\x12\x15\n\rdense_columns\x18\x02 \x03(\t\x12\x0f\n\x07offsets\x18\x03 \x01(\x0c\x12\x0c\n\x04keys\x18\x04 \x01(\x0c\x12\x0e\n\x06\x66ields\x18\x05 \x01(\x0c\x12\x0e\n\x06labels\x18\x06 \x01(\x0c\x12\r\n\x05\x64\x65nse\x18\x07 \x01(\x0c*a\n\nUpdateMode\x12\x1b\n\x17UPDATE_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17UPDATE_MODE_SYNCHRONOUS\x10\x01\x12\x19\n\x15UPDATE_MODE_IMMEDIATE\x10\x02\x42\x12\n\x0eio.heraldps.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17heraldps/v1/types.proto\x12\x0bheraldps.v1\"\xa4\x01\n\x0bInitializer\x12\'\n\x05zeros\x18\x01 \x01(\x0b\x32\x16.heraldps.v1.ZerosInitH\x00\x12+\n\x07uniform\x18\x02 \x01(\x0b\x32\x18.heraldps.v1.UniformInitH\x00\x12)\n\x06normal\x18\x03 \x01(\x0b\x32\x17.heraldps.v1.NormalInitH\x00\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x42\x06\n\x04kind\"\x0b\n\tZerosInit\"(\n\x0bUniformInit\x12\x0b\n\x03low\x18\x01 \x01(\x02\x12\x0c\n\x04high\x18\x02 \x01(\x02\"\'\n\nNormalInit\x12\x0c\n\x04mean\x18\x01 \x01(\x02\x12\x0b\n\x03std\x18\x02 \x01(\x02\"\x9b\x01\n\tOptimizer\x12(\n\x03sgd\x18\x01 \x01(\x0b\x32\x19.heraldps.v1.SgdOptimizerH\x00\x12\x30\n\x07\x61\x64\x61grad\x18\x02 \x01(\x0b\x32\x1d.heraldps.v1.AdagradOptimizerH\x00\x12*\n\x04\x61\x64\x61m\x18\x03 \x01(\x0b\x32\x1a.heraldps.v1.AdamOptimizerH\x00\x42\x06\n\x04kind\"&\n\x0cSgdOptimizer\x12\n\n\x02lr\x18\x01 \x01(\x02\x12\n\n\x02l2\x18\x02 \x01(\x02\"T\n\x10\x41\x64\x61gradOptimizer\x12\n\n\x02lr\x18\x01 \x01(\x02\x12\x1b\n\x13initial_accumulator\x18\x02 \x01(\x02\x12\x0b\n\x03\x65ps\x18\x03 \x01(\x02\x12\n\n\x02l2\x18\x04 \x01(\x02\"R\n\rAdamOptimizer\x12\n\n\x02lr\x18\x01 \x01(\x02\x12\r\n\x05\x62\x65ta1\x18\x02 \x01(\x02\x12\r\n\x05\x62\x65ta2\x18\x03 \x01(\x02\x12\x0b\n\x03\x65ps\x18\x04 \x01(\x02\x12\n\n\x02l2\x18\x05 \x01(\x02\"\xae\x01\n\tTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12-\n\x0binitializer\x18\x03 \x01(\x0b\x32\x18.heraldps.v1.Initializer\x12)\n\toptimizer\x18\x04 \x01(\x0b\x32\x16.heraldps.v1.Optimizer\x12,\n\x0bupdate_mode\x18\x05 \x01(\x0e\x32\x17.heraldps.v1.UpdateMode\"\x8c\x01\n\tTableInfo\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x16.heraldps.v1.TableSpec\x12\x13\n\x0bstate_width\x18\x02 \x01(\x05\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12\x13\n\x0bshard_index\x18\x05 \x01(\x05\x12\x12\n\nnum_shards\x18\x06 \x01(\x05\"\x8a\x01\n\x0bSampleBlock\x12\x16\n\x0esparse_columns\x18\x01 \x03(\t\x12\x15\n\rdense_columns\x18\x02 \x03(\t\x12\x0f\n\x07offsets\x18\x03 \x01(\x0c\x12\x0c\n\x04keys\x18\x04 \x01(\x0c\x12\x0e\n\x06\x66ields\x18\x05 \x01(\x0c\x12\x0e\n\x06labels\x18\x06 \x01(\x0c\x12\r\n\x05\x64\x65nse\x18\x07 \x01(\x0c*a\n\nUpdateMode\x12\x1b\n\x17UPDATE_MODE_UNSPECIFIED\x10\x00\x12\x1b\n\x17UPDATE_MODE_SYNCHRONOUS\x10\x01\x12\x19\n\x15UPDATE_MODE_IMMEDIATE\x10\x02\x42\x12\n\x0eio.heraldps.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,8 +32,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'heraldps.v1.types_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\016io.heraldps.v1P\001'
-  _globals['_UPDATEMODE']._serialized_start=1096
-  _globals['_UPDATEMODE']._serialized_end=1193
+  _globals['_UPDATEMODE']._serialized_start=1132
+  _globals['_UPDATEMODE']._serialized_end=1229
   _globals['_INITIALIZER']._serialized_start=41
   _globals['_INITIALIZER']._serialized_end=205
   _globals['_ZEROSINIT']._serialized_start=207
@@ -45,15 +45,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPTIMIZER']._serialized_start=304
   _globals['_OPTIMIZER']._serialized_end=459
   _globals['_SGDOPTIMIZER']._serialized_start=461
-  _globals['_SGDOPTIMIZER']._serialized_end=487
-  _globals['_ADAGRADOPTIMIZER']._serialized_start=489
-  _globals['_ADAGRADOPTIMIZER']._serialized_end=561
-  _globals['_ADAMOPTIMIZER']._serialized_start=563
-  _globals['_ADAMOPTIMIZER']._serialized_end=633
-  _globals['_TABLESPEC']._serialized_start=636
-  _globals['_TABLESPEC']._serialized_end=810
-  _globals['_TABLEINFO']._serialized_start=813
-  _globals['_TABLEINFO']._serialized_end=953
-  _globals['_SAMPLEBLOCK']._serialized_start=956
-  _globals['_SAMPLEBLOCK']._serialized_end=1094
+  _globals['_SGDOPTIMIZER']._serialized_end=499
+  _globals['_ADAGRADOPTIMIZER']._serialized_start=501
+  _globals['_ADAGRADOPTIMIZER']._serialized_end=585
+  _globals['_ADAMOPTIMIZER']._serialized_start=587
+  _globals['_ADAMOPTIMIZER']._serialized_end=669
+  _globals['_TABLESPEC']._serialized_start=672
+  _globals['_TABLESPEC']._serialized_end=846
+  _globals['_TABLEINFO']._serialized_start=849
+  _globals['_TABLEINFO']._serialized_end=989
+  _globals['_SAMPLEBLOCK']._serialized_start=992
+  _globals['_SAMPLEBLOCK']._serialized_end=1130
 # @@protoc_insertion_point(module_scope)

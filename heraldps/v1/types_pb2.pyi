@@ -203,20 +203,26 @@ Global___Optimizer: _TypeAlias = Optimizer  # noqa: Y015
 
 @_typing.final
 class SgdOptimizer(_message.Message):
-    """value -= lr * grad. State width 0."""
+    """value -= lr * grad. State width 0.
+    Every optimizer's l2 (>= 0; 0: off) adds l2 * value to a row's gradient before the
+    update, once per step, on the rows a step updates: the gradient of (l2 / 2) * ||row||^2.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     LR_FIELD_NUMBER: _builtins.int
+    L2_FIELD_NUMBER: _builtins.int
     lr: _builtins.float
+    l2: _builtins.float
     def __init__(
         self,
         *,
         lr: _builtins.float = ...,
+        l2: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lr", b"lr"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["l2", b"l2", "lr", b"lr"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -233,19 +239,22 @@ class AdagradOptimizer(_message.Message):
     LR_FIELD_NUMBER: _builtins.int
     INITIAL_ACCUMULATOR_FIELD_NUMBER: _builtins.int
     EPS_FIELD_NUMBER: _builtins.int
+    L2_FIELD_NUMBER: _builtins.int
     lr: _builtins.float
     initial_accumulator: _builtins.float
     eps: _builtins.float
+    l2: _builtins.float
     def __init__(
         self,
         *,
         lr: _builtins.float = ...,
         initial_accumulator: _builtins.float = ...,
         eps: _builtins.float = ...,
+        l2: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["eps", b"eps", "initial_accumulator", b"initial_accumulator", "lr", b"lr"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eps", b"eps", "initial_accumulator", b"initial_accumulator", "l2", b"l2", "lr", b"lr"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -264,10 +273,12 @@ class AdamOptimizer(_message.Message):
     BETA1_FIELD_NUMBER: _builtins.int
     BETA2_FIELD_NUMBER: _builtins.int
     EPS_FIELD_NUMBER: _builtins.int
+    L2_FIELD_NUMBER: _builtins.int
     lr: _builtins.float
     beta1: _builtins.float
     beta2: _builtins.float
     eps: _builtins.float
+    l2: _builtins.float
     def __init__(
         self,
         *,
@@ -275,10 +286,11 @@ class AdamOptimizer(_message.Message):
         beta1: _builtins.float = ...,
         beta2: _builtins.float = ...,
         eps: _builtins.float = ...,
+        l2: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["beta1", b"beta1", "beta2", b"beta2", "eps", b"eps", "lr", b"lr"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beta1", b"beta1", "beta2", b"beta2", "eps", b"eps", "l2", b"l2", "lr", b"lr"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,6 +65,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
     )
+    p.add_argument(
+        "--embedding-l2",
+        type=non_negative,
+        default=0.0,
+        help="L2 on the embedding rows each step updates: grad + L2 x row (0: off)",
+    )
+    p.add_argument(
+        "--weight-decay",
+        type=non_negative,
+        default=0.0,
+        help="L2 on the dense parameters: grad + DECAY x param, as torch's weight_decay (0: off)",
+    )
     p.add_argument("--embedding-dim", type=at_least(1), default=8, help="embedding width")
     p.add_argument(
         "--hidden-layers", type=widths, default=(64, 32),
@@ -342,6 +354,8 @@ def run(args: argparse.Namespace) -> int:
         hidden=args.hidden_layers, activation=args.activation, dropout=args.dropout,
         device=args.device, dense_sync=dense_sync_of(args),
         dense_checkpoint_every=args.dense_checkpoint_every,
+        embedding_l2=args.embedding_l2,
+        weight_decay=args.weight_decay,
     )  # fmt: skip
     data = splits(args, job)
     job, train, held_out = data.job, data.train, data.held_out

@@ -103,6 +103,7 @@ def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:
             ["--worker-timeout", "-1"],
             "argument --worker-timeout: must be a finite number >= 0, got -1",
         ),
+        (["--embedding-l2", "-0.1"], "argument --embedding-l2: must be a finite number >= 0"),
         (
             ["--data", "CSV_NOHEADER", "--format", "csv"],
             "read as the header, is: 'u0,i0,0' (if that is data, add a header line",

@@ -126,6 +126,37 @@ def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
         assert ps_agrees(result), mode
 
 
+@pytest.mark.parametrize(
+    ("dense_sync", "modes"), [("allreduce", ALL_MODES), ("ps", ("naive", "herald", "het"))]
+)
+def test_every_mode_trains_the_single_process_model_with_l2(
+    dense_sync: str, modes: tuple[str, ...], tmp_path: Path
+) -> None:
+    """Embedding L2 and dense weight decay on (Adam, as BARS trains Frappe): the workers'
+    caches, the PS and the all-reduce replicas apply them as the single process does."""
+    job = replace(small_job("adam"), embedding_l2=0.05, weight_decay=0.01, dense_sync=dense_sync)
+    train = job.read()
+    reference = ReferenceTrainer(job)
+    reference.train(train)
+    plain = ReferenceTrainer(replace(job, embedding_l2=0.0, weight_decay=0.0))
+    plain.train(train)
+    assert not np.allclose(plain.values, reference.values, rtol=1e-3, atol=1e-5)
+    assert not np.allclose(plain.dense_rows, reference.dense_rows, rtol=1e-3, atol=1e-5)
+    for mode in modes:
+        result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
+        model = result.model
+        values, state, _ = reference.rows_of(model["keys"])
+        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(
+            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
+        )
+        np.testing.assert_allclose(
+            model["dense_state"], reference.dense_state, rtol=1e-4, atol=1e-6, err_msg=mode
+        )
+        assert ps_agrees(result), mode
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["herald", "herald_pipelined", "het"])
 def test_gpu_workers_train_the_single_process_model(mode: str, tmp_path: Path) -> None:

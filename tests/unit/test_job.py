@@ -54,3 +54,22 @@ def test_a_named_optimizer_gets_the_job_defaults(
 def test_an_unknown_optimizer_lists_the_registered_ones() -> None:
     with pytest.raises(InvalidArgument, match="--optimizer must be one of sgd, adagrad, adam"):
         TrainingJob(data="x", optimizer="rmsprop")
+
+
+def test_embedding_l2_and_weight_decay_go_to_their_tables_optimizers() -> None:
+    job = TrainingJob(data="x", optimizer="adam", embedding_l2=0.05, weight_decay=0.01)
+    assert job.make_optimizer() == Adam(lr=0.001, eps=1e-6, l2=0.05)
+    assert job.dense_optimizer() == Adam(lr=0.001, eps=1e-6, l2=0.01)
+    assert TrainingJob.from_json(job.to_json()) == job
+    plain = TrainingJob(data="x", optimizer="adam")  # defaults: no L2 anywhere
+    assert plain.make_optimizer() == plain.dense_optimizer() == Adam(lr=0.001, eps=1e-6)
+    # With L2 every SGD step decays the row again, so HET pushes carry the step counts.
+    assert replace(job, optimizer="sgd", staleness=2).pushes_steps
+    assert not replace(job, optimizer="sgd", staleness=2, embedding_l2=0.0).pushes_steps
+
+
+@pytest.mark.parametrize("field", ["embedding_l2", "weight_decay"])
+def test_negative_l2_is_refused_with_its_flag(field: str) -> None:
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(InvalidArgument, match=flag):
+        TrainingJob(data="x", **{field: -0.1})

@@ -19,8 +19,11 @@ f32 = np.float32
 def reference_step(
     opt: Optimizer, value: list[float], state: list[float], grad: list[float]
 ) -> None:
-    """One row, one element at a time, float32 scalars in the documented order."""
+    """One row, one element at a time, float32 scalars in the documented order; L2 first:
+    the gradient is ``grad + l2 * value`` with the value before the step."""
     dim = len(value)
+    l2 = f32(opt.l2)
+    grad = [f32(g) + l2 * f32(w) if opt.l2 else g for g, w in zip(grad, value, strict=True)]
     if isinstance(opt, SGD):
         for j in range(dim):
             value[j] = f32(value[j]) - f32(opt.lr) * f32(grad[j])
@@ -47,7 +50,11 @@ OPTIMIZERS = [
     SGD(lr=0.1),
     AdaGrad(lr=0.05, initial_accumulator=0.1, eps=1e-8),
     Adam(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8),
+    SGD(lr=0.1, l2=0.05),
+    AdaGrad(lr=0.05, initial_accumulator=0.1, eps=1e-8, l2=0.05),
+    Adam(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, l2=0.05),
 ]
+STEPPED = [o for o in OPTIMIZERS if not (isinstance(o, SGD) and o.l2 == 0)]  # see below
 
 finite = st.floats(-10, 10, width=32, allow_nan=False, allow_infinity=False)
 
@@ -110,6 +117,8 @@ def test_proto_round_trip(opt: Optimizer) -> None:
         lambda: AdaGrad(eps=-1),
         lambda: Adam(beta1=1.0),
         lambda: AdaGrad(initial_accumulator=-0.1),
+        lambda: SGD(l2=-0.1),
+        lambda: Adam(l2=float("inf")),
     ],
 )
 def test_bad_hyperparameters_rejected(make: object) -> None:
@@ -132,7 +141,7 @@ def test_one_step_each_is_apply_bitwise(opt: Optimizer) -> None:
         assert np.array_equal(v, expected_v) and np.array_equal(s, expected_s)
 
 
-@pytest.mark.parametrize("opt", OPTIMIZERS[1:], ids=lambda o: type(o).__name__)
+@pytest.mark.parametrize("opt", STEPPED, ids=lambda o: type(o).__name__)
 def test_k_steps_are_k_updates_with_the_mean_gradient(opt: Optimizer) -> None:
     """Row i advances as ``steps[i]`` updates with ``grads[i] / steps[i]``, bit for bit,
     whatever the other rows' step counts."""
@@ -177,3 +186,29 @@ def test_adam_k_steps_keep_its_step_size_where_one_step_of_the_sum_does_not() ->
     np.testing.assert_allclose(steps_v, sync_v, rtol=1e-5)
     np.testing.assert_allclose(steps_s, sync_s, rtol=1e-5)
     np.testing.assert_allclose(one_v, sync_v / k, rtol=1e-3)  # a third of the way
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS[:3], ids=lambda o: type(o).__name__)
+def test_l2_is_the_gradient_of_half_l2_times_the_squared_row(opt: Optimizer) -> None:
+    """``l2`` adds ``l2 * value`` to the gradient (FuxiCTR's ``(0.05 / 2) * ||E||^2`` is
+    ``l2=0.05``): a step with ``l2`` equals the plain step on ``grad + l2 * value``, bit for
+    bit; ``l2=0`` is the plain optimizer."""
+    rng = np.random.default_rng(4)
+    values = rng.normal(size=(5, 6)).astype(np.float32)
+    state = opt.init_state(5, 6)
+    grads = rng.normal(size=(5, 6)).astype(np.float32)
+    with_l2 = type(opt)(**{**opt.__dict__, "l2": 0.05})
+    v, s = values.copy(), state.copy()
+    with_l2.apply(v, s, grads)
+    plain_v, plain_s = values.copy(), state.copy()
+    opt.apply(plain_v, plain_s, grads + np.float32(0.05) * values)
+    assert np.array_equal(v, plain_v) and np.array_equal(s, plain_s)
+    off = type(opt)(**{**opt.__dict__, "l2": 0.0})
+    assert off == opt
+
+
+def test_sgd_with_l2_takes_each_step() -> None:
+    """With L2, k SGD steps of g / k decay the row k times: not one step of g."""
+    values, grads = np.ones((1, 2), np.float32), np.zeros((1, 2), np.float32)
+    SGD(lr=0.5, l2=0.1).apply_steps(values, np.zeros((1, 0), np.float32), grads, np.array([2]))
+    assert values.tolist() == [[np.float32(0.95) * np.float32(0.95)] * 2]
