@@ -64,6 +64,7 @@ class EnvArgumentParser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         namespace = argparse.Namespace() if namespace is None else namespace
         relaxed: list[argparse.Action] = []
+        from_env: set[argparse.Action] = set()
         for name, action in flag_actions(self):
             text = os.environ.get(name, "")
             if not text or hasattr(namespace, action.dest):
@@ -71,14 +72,23 @@ class EnvArgumentParser(argparse.ArgumentParser):
             # A value already in the namespace wins over a default, and the command
             # line overwrites it: exactly the precedence we want for the environment.
             setattr(namespace, action.dest, self._from_env(action, name, text))
+            from_env.add(action)
             if action.required:
                 action.required = False
                 relaxed.append(action)
+        # A required "one of" group (export's --checkpoint | --ps) is satisfied by a
+        # variable too; the command checks that exactly one was given.
+        groups = [g for g in self._mutually_exclusive_groups
+                  if g.required and from_env.intersection(g._group_actions)]  # fmt: skip
+        for group in groups:
+            group.required = False
         try:
             return super().parse_known_args(args, namespace)
         finally:
             for action in relaxed:
                 action.required = True
+            for group in groups:
+                group.required = True
 
     def error(self, message: str) -> NoReturn:
         """One line: the problem (with the variables that can supply a missing flag) and

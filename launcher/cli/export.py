@@ -30,9 +30,15 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from heraldps.client import PSClient
+    from heraldps.errors import InvalidArgument
     from heraldps.job import TrainingJob
     from launcher.export import export_from_checkpoint, export_from_ps
 
+    if (args.checkpoint is None) == (args.ps is None):  # both, from the environment
+        raise InvalidArgument(
+            "give one model source, --checkpoint or --ps (HERALDPS_CHECKPOINT or HERALDPS_PS), "
+            "not both"
+        )
     job = TrainingJob.load(args.job)
     if args.checkpoint is not None:
         out = export_from_checkpoint(job, Path(args.checkpoint), Path(args.out))

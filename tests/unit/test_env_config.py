@@ -156,3 +156,17 @@ def test_help_names_the_variable() -> None:
     text = sub.format_help()
     assert "[env HERALDPS_MAX_MESSAGE_MB]" in " ".join(text.split())
     assert env_name(next(a for a in sub._actions if a.dest == "help")) is None
+
+
+def test_a_required_one_of_group_is_satisfied_by_its_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``heraldps export``'s required --checkpoint | --ps: a variable gives the source; with
+    neither the usage error stays, and the group is required again after each parse."""
+    monkeypatch.setenv("HERALDPS_PS", "127.0.0.1:7001")
+    args = build_parser().parse_args(["export", "--job", "j.json", "--out", "m"])
+    assert (args.ps, args.checkpoint) == ("127.0.0.1:7001", None)
+    monkeypatch.delenv("HERALDPS_PS")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["export", "--job", "j.json", "--out", "m"])
+    assert "one of the arguments --checkpoint --ps is required" in capsys.readouterr().err
