@@ -59,6 +59,24 @@ def _train(server: SchedulerServer, batches: list, finish: bool) -> dict[int, li
     return flags
 
 
+def _checkpointed_run(
+    cluster: ClusterFactory, tmp_path: Path
+) -> tuple[PSClient, Path, SchedulerServer]:
+    """Two shards and a scheduler that trained 6 batches, checkpointing every 2 (3 kept),
+    then stopped: the client, the checkpoint root and the stopped scheduler."""
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    ps.pull("emb", np.arange(50, dtype=np.int64))
+    root = tmp_path / "ckpt"
+    first = _server(ps.addresses, CheckpointConfig(every=2, directory=str(root), keep=3))
+    first.start()
+    try:
+        _train(first, make_batches(6), finish=True)
+    finally:
+        first.stop(grace=0)
+    return ps, root, first
+
+
 def test_checkpoints_are_written_and_a_restarted_scheduler_resumes_after_the_newest(
     cluster: ClusterFactory, tmp_path: Path
 ) -> None:
@@ -149,16 +167,7 @@ def test_checkpoint_metrics_count_what_was_written_and_what_a_resume_skipped(
 ) -> None:
     """Written checkpoints, their age and bytes; a resume whose newest checkpoint's manifest
     is unreadable reports it (log and metric) and falls back to the one before."""
-    _, ps = cluster(2)
-    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
-    ps.pull("emb", np.arange(50, dtype=np.int64))
-    root = tmp_path / "ckpt"
-    first = _server(ps.addresses, CheckpointConfig(every=2, directory=str(root), keep=3))
-    first.start()
-    try:
-        _train(first, make_batches(6), finish=True)
-    finally:
-        first.stop(grace=0)
+    ps, root, first = _checkpointed_run(cluster, tmp_path)
     metric = first.metrics.registry.get_sample_value
     assert metric("heraldps_scheduler_checkpoints_written_total") == 3
     assert metric("heraldps_scheduler_checkpoint_consecutive_failures") == 0
@@ -208,16 +217,7 @@ def test_a_resume_refused_by_another_runs_claim_does_not_fall_back(
     """A Load the fence refuses (another run's scheduler holds the shards) says nothing about
     the checkpoint: the resume ends with that refusal, no checkpoint is counted as skipped,
     and the shards keep what they hold."""
-    _, ps = cluster(2)
-    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
-    ps.pull("emb", np.arange(50, dtype=np.int64))
-    root = tmp_path / "ckpt"
-    first = _server(ps.addresses, CheckpointConfig(every=2, directory=str(root), keep=3))
-    first.start()
-    try:
-        _train(first, make_batches(6), finish=True)
-    finally:
-        first.stop(grace=0)
+    ps, root, _ = _checkpointed_run(cluster, tmp_path)
     assert len(checkpoints.complete(root)) == 3
     holder = PSClient(ps.addresses)
     try:
