@@ -151,7 +151,12 @@ def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: Path, start_long_run: 
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     wait_removed(proc.pid, pids)  # the reaper's work: no new start needed
-    assert "heraldps reaper: launcher" in (tmp_path / "launcher.log").read_text()
+    # The reaper says so after the removal is complete: the line may land a moment later.
+    log = tmp_path / "launcher.log"
+    deadline = time.monotonic() + 10
+    while "heraldps reaper: launcher" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "heraldps reaper: launcher" in log.read_text()
 
 
 def test_sigterm_of_the_launcher_stops_the_cluster_and_removes_the_network(
