@@ -150,7 +150,8 @@ class DeepFM:
     4. with ``batch_norm``, for each hidden layer ``l`` in order, four ``[out_l]`` vectors:
        ``gamma_l`` (initially 1), ``beta_l`` (0), ``running_mean_l`` (0) and
        ``running_var_l`` (1). Without it the vector ends at ``bias``, so a model without
-       batch normalization keeps the layout it always had.
+       batch normalization keeps the layout it always had. A hidden layer's ``b_l`` stays in
+       the layout but takes gradient 0 (the normalization subtracts it).
 
     A hidden layer is ``Linear -> BatchNorm -> activation -> dropout`` (FuxiCTR's
     MLP_Block order; torch.nn.BatchNorm1d's arithmetic: eps 1e-5, momentum 0.1, biased
@@ -425,7 +426,10 @@ class DeepFM:
                     dnorm.beta[...] = dh.sum(axis=0)
                     dh = batch_norm.backward(xp, dh * gamma, norm, batch_sum)
             dW[...] = inputs[layer].T @ dh
-            db[...] = dh.sum(axis=0)
+            if not (norms and layer < len(norms)):
+                db[...] = dh.sum(axis=0)
+            # else: the normalization subtracts the bias, so its gradient is exactly 0; the
+            # rounding noise of sum(dz) would be all an adaptive optimizer steps on.
             dh = dh @ W.T
         dx = dh[:, : F * D].reshape(B, F, D)
         # FM: d/dx_f of 0.5 * (|sum_g x_g|^2 - sum_g |x_g|^2) is (sum_g x_g) - x_f.

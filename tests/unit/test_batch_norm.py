@@ -142,6 +142,8 @@ def test_batch_norm_gradients_match_finite_differences(config: ModelConfig) -> N
     expected[model.running_index] = 0.0  # buffers: no gradient (the loss does not use them)
     np.testing.assert_allclose(out.dense_grad, expected, rtol=2e-3, atol=2e-6)
     assert np.all(out.dense_grad[model.running_index] == 0.0)
+    # The bias before a batch norm: the normalization subtracts it, its gradient is 0 exactly.
+    assert all(np.all(b == 0.0) for _, b in model.unpack(out.dense_grad).layers[:-1])
     np.testing.assert_allclose(out.emb_grad, numeric(e64, loss), rtol=2e-3, atol=2e-6)
 
 
