@@ -17,7 +17,8 @@ same bits and their replicas stay equal.
 A worker's Collective service carries independent all-reduces, one per
 *stream*, each with its own mailbox, size and rounds: stream 0 sums the dense
 gradient (round = iteration), stream 1 the batch-norm statistics
-(:class:`BatchSums`, several rounds per iteration).
+(:class:`BatchSums`, several rounds per iteration, each one exchange of whole
+vectors: they are a few KB, and one round of messages waits less than two).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from heraldps.v1 import collective_pb2, collective_pb2_grpc
 
 Floats = npt.NDArray[np.float32]
 
-REDUCE_SCATTER, ALL_GATHER = 0, 1
+REDUCE_SCATTER, ALL_GATHER, EXCHANGE = 0, 1, 2
 DENSE_STREAM, STATISTICS_STREAM = 0, 1
 MAX_PENDING_ROUNDS = 2  # a peer can be at most one round ahead of this worker
 
@@ -77,14 +78,16 @@ class Mailbox:
         return self.edges[part + 1] - self.edges[part]
 
     def put(self, round_: int, phase: int, sender: int, part: int, data: bytes) -> None:
-        if phase not in (REDUCE_SCATTER, ALL_GATHER):
-            raise InvalidArgument(f"phase must be 0 (reduce-scatter) or 1 (all-gather): {phase}")
+        if phase not in (REDUCE_SCATTER, ALL_GATHER, EXCHANGE):
+            raise InvalidArgument(
+                f"phase must be 0 (reduce-scatter), 1 (all-gather) or 2 (exchange): {phase}"
+            )
         if not 0 <= sender < self.workers or sender == self.rank:
             raise InvalidArgument(f"sender {sender} is not a peer of worker {self.rank}")
         expected = self.rank if phase == REDUCE_SCATTER else sender
         if part != expected:
             raise InvalidArgument(f"phase {phase} from worker {sender} must carry part {expected}")
-        size = self._part_size(part)
+        size = self.edges[-1] if phase == EXCHANGE else self._part_size(part)
         if len(data) != 4 * size:
             raise InvalidArgument(f"part {part} has {size} floats, got {len(data)} bytes")
         values = np.frombuffer(data, dtype="<f4").astype(np.float32)
@@ -155,7 +158,12 @@ class CollectiveServicer(collective_pb2_grpc.CollectiveServicer):
 
 
 class AllReduce:
-    """Sums one float32 vector of ``size`` over all workers, the same bits on each."""
+    """Sums one float32 vector of ``size`` over all workers, the same bits on each.
+
+    ``exchange``: one round instead of two, for vectors too small for bytes to matter (batch
+    norm's statistics): every worker sends its whole vector to every other and adds the N
+    vectors in worker order itself; the same inputs in the same order give the same bits.
+    """
 
     def __init__(
         self,
@@ -167,9 +175,10 @@ class AllReduce:
         max_message_bytes: int,
         security: ClientSecurity = PLAIN,
         stream: int = DENSE_STREAM,
+        exchange: bool = False,
     ) -> None:
         self.rank, self.workers, self.size = rank, len(peers), size
-        self.stream = stream
+        self.stream, self.exchange = stream, exchange
         self.mailbox = mailbox
         self.timeout = timeout
         self.edges = part_edges(size, self.workers)
@@ -191,7 +200,8 @@ class AllReduce:
         calls: list[tuple[int, Any]] = []  # grpc futures
         for w, values in parts.items():
             message = collective_pb2.CollectivePart(
-                round=round_, phase=phase, sender=self.rank, part=w if phase == 0 else self.rank,
+                round=round_, phase=phase, sender=self.rank,
+                part=w if phase == REDUCE_SCATTER else self.rank,
                 values=values.astype("<f4").tobytes(), stream=self.stream,
             )  # fmt: skip
             calls.append((w, self._stubs[w].Deliver.future(message, timeout=self.timeout)))
@@ -217,6 +227,8 @@ class AllReduce:
         if self.workers == 1:
             return values.copy()
         others = [w for w in range(self.workers) if w != self.rank]
+        if self.exchange:
+            return self._exchange(values, round_, others)
         self._send(round_, REDUCE_SCATTER, {w: self._part(values, w) for w in others})
         received = self._take(round_, REDUCE_SCATTER, others)
         copies = dict(zip(others, received, strict=True))
@@ -234,6 +246,19 @@ class AllReduce:
         self.bytes_moved += 4 * sum(p.shape[0] for p in received) + 4 * sum(
             p.shape[0] for p in gathered
         )
+        return out
+
+    def _exchange(self, values: Floats, round_: int, others: list[int]) -> Floats:
+        """One round: the whole vector to every peer, the N vectors added in worker order."""
+        self._send(round_, EXCHANGE, dict.fromkeys(others, values))
+        received = self._take(round_, EXCHANGE, others)
+        self.mailbox.finish(round_)
+        copies = dict(zip(others, received, strict=True))
+        copies[self.rank] = values
+        out = copies[0].copy()
+        for w in range(1, self.workers):
+            out += copies[w]
+        self.bytes_moved += 4 * sum(p.shape[0] for p in received)
         return out
 
     def close(self) -> None:

@@ -46,6 +46,7 @@ class DenseSync(abc.ABC):
 
     bytes_moved = 0  # payload bytes of dense parameters sent and received so far
     wait_seconds = 0.0  # blocked on other workers (the all-reduce is a barrier) so far
+    statistics_wait_seconds = 0.0  # blocked on other workers' batch-norm statistics so far
 
     @abc.abstractmethod
     def values(self) -> Floats:
@@ -143,6 +144,10 @@ class AllReduceDense(DenseSync):
     @property
     def wait_seconds(self) -> float:  # type: ignore[override]
         return self.all_reduce.wait_seconds
+
+    @property
+    def statistics_wait_seconds(self) -> float:  # type: ignore[override]
+        return self.batch_sums.all_reduce.wait_seconds if self.batch_sums else 0.0
 
     def values(self) -> Floats:
         self.settle()

@@ -114,7 +114,9 @@ class Step(abc.ABC):
                 "batch normalization needs the batch statistics' all-reduce among the "
                 "workers: train with --dense-sync allreduce"
             )
-        with self.timer("compute"):  # batch norm: includes its statistics' all-reduces
+        # compute, less the batch-norm statistics' waits for the other workers (peer_wait)
+        waited, started = self.dense.statistics_wait_seconds, time.perf_counter()
+        try:
             emb = self.cache.gather(slots)
             out = self.model.forward_backward(
                 dense,
@@ -126,6 +128,9 @@ class Step(abc.ABC):
                 sample_ids=sample_ids,
                 batch_sum=batch_sum,
             )
+        finally:
+            self.timer.add_blocked("compute", time.perf_counter() - started,
+                                   self.dense.statistics_wait_seconds - waited)  # fmt: skip
         self.dense.hold_running(out.running)  # written over this gradient's update
         return out.loss_sum, out.emb_grad, out.dense_grad
 

@@ -152,7 +152,7 @@ class DenseAllReduceSetup:
             statistics = AllReduce(config.worker_id, peers, self.statistics_size,
                                    self.mailboxes[STATISTICS_STREAM], config.timeout_seconds,
                                    ALLREDUCE_MESSAGE_BYTES, self.peer_security,
-                                   stream=STATISTICS_STREAM)  # fmt: skip
+                                   stream=STATISTICS_STREAM, exchange=True)  # fmt: skip
             batch_sums = BatchSums(statistics, self.reductions)
         return AllReduceDense(ps, self.param, job.dense_optimizer(), all_reduce,
                               job.dense_checkpoint_every, batch_sums)  # fmt: skip

@@ -39,7 +39,10 @@ class CollectivePart(_message.Message):
     the dense gradient).
     """
     phase: _builtins.int
-    """0: reduce-scatter (a gradient part for its owner); 1: all-gather (a summed part)."""
+    """0: reduce-scatter (a gradient part for its owner); 1: all-gather (a summed part);
+    2: exchange (a whole vector for every peer, which adds the N in worker order: the
+    one-round all-reduce of small vectors, batch-norm statistics).
+    """
     sender: _builtins.int
     part: _builtins.int
     values: _builtins.bytes

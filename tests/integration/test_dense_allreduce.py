@@ -237,10 +237,11 @@ def test_started_updates_run_in_the_background_and_settle_to_the_same_replicas(
 
 
 def test_batch_statistics_and_dense_gradients_share_the_server_without_meeting() -> None:
-    """Stream 1 (batch-norm statistics, several rounds per iteration, shorter vectors padded)
-    and stream 0 (the dense gradient, round = iteration) on one Collective server per
-    worker: every worker gets the worker-order sum of each, the same bits, while the
-    workers run skewed; a part for a stream a worker does not run is refused."""
+    """Stream 1 (batch-norm statistics, several rounds per iteration, shorter vectors padded,
+    each a one-round exchange of whole vectors) and stream 0 (the dense gradient, round =
+    iteration) on one Collective server per worker: every worker gets the worker-order sum of
+    each, the same bits, while the workers run skewed; a part for a stream a worker does not
+    run is refused."""
     n, size, stats_size, per_step = 3, 50, 9, 4
     dense_boxes = [Mailbox(w, n, size) for w in range(n)]
     stats_boxes = [Mailbox(w, n, stats_size) for w in range(n)]
@@ -254,7 +255,8 @@ def test_batch_statistics_and_dense_gradients_share_the_server_without_meeting()
     peers = [f"127.0.0.1:{p}" for p in ports]
     dense = [AllReduce(w, peers, size, dense_boxes[w], 10.0, 4 * MB) for w in range(n)]
     sums = [BatchSums(AllReduce(w, peers, stats_size, stats_boxes[w], 10.0, 4 * MB,
-                                stream=STATISTICS_STREAM), per_step) for w in range(n)]  # fmt: skip
+                                stream=STATISTICS_STREAM, exchange=True), per_step)
+            for w in range(n)]  # fmt: skip
     rng = np.random.default_rng(3)
     lengths = [9, 8, 8, 9]  # forward [count, sum, sum sq], backward [sum, sum]: padded to 9
     inputs = [[[rng.standard_normal(k).astype(np.float32) for k in lengths]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -323,3 +324,47 @@ def test_the_device_path_gives_numpys_bits() -> None:
         fakecupy.asnumpy(p),
         DeepFM(config).predict(dense, batch.emb, batch.field_rows, batch.dense_x),
     )
+
+
+def test_an_exported_batch_norm_model_scores_with_its_running_statistics(
+    tmp_path: Path,
+) -> None:
+    """The export carries the running statistics in its dense vector and ``Predictor``
+    scores with them: the reference's held-out scores, bit for bit."""
+    from heraldps.bundled import bundled_data
+    from heraldps.data import stream
+    from heraldps.job import EMBEDDING_TABLE, TrainingJob
+    from heraldps.model_export import ExportedModel, touched, write_model
+    from worker_client.minibatch import select
+    from worker_client.predictor import EVAL_CHUNK_ROWS, Predictor, rows_of
+    from worker_client.reference import ReferenceTrainer
+
+    train, test = (str(p) for p in bundled_data())
+    job = TrainingJob(data=train, workers=2, batch_size_per_worker=64, iterations=4,
+                      optimizer="adam", embedding_dim=4, hidden=(8,), batch_norm=True)  # fmt: skip
+    reference = ReferenceTrainer(job)
+    data = job.read()
+    reference.train(data)
+    keys = np.unique(data.keys)
+    values, _, versions = reference.rows_of(keys)
+    dense = reference.dense_param.from_rows(reference.dense_rows)
+    table = touched(EMBEDDING_TABLE, keys, values, versions, job.make_initializer())
+    out = write_model(tmp_path / "m", ExportedModel(job.to_json(), {EMBEDDING_TABLE: table},
+                                                    dense, {}))  # fmt: skip
+    predictor = Predictor.load(out)
+    assert predictor.model.config.batch_norm
+    scores, _ = predictor.score_file(test)
+    (chunk,) = list(stream(job.data_spec(test), EVAL_CHUNK_ROWS))
+    mb = select(chunk)
+    # The rows the predictor reads (an unseen key's initial row can differ from the one the
+    # reference generated for it in another batch by an ulp; not a batch-norm matter).
+    rows = rows_of(predictor.table, mb.keys, "initializer")
+    expected = reference.model.predict(dense, rows, mb.field_rows, mb.dense)
+    assert np.array_equal(scores, expected)
+    fresh = dense.copy()
+    fresh[reference.model.running_index] = reference.model.init_dense()[
+        reference.model.running_index
+    ]
+    assert not np.allclose(
+        reference.model.predict(fresh, rows, mb.field_rows, mb.dense), expected
+    )  # the running statistics matter, and they are the trained ones
