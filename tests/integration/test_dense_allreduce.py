@@ -96,6 +96,17 @@ def test_every_worker_gets_the_same_bits_the_sum_in_worker_order(
             assert out.tobytes() == expected.tobytes()
 
 
+def update_all(replicas: list[AllReduceDense], grads: list[np.ndarray], t: int,
+               final: bool = False) -> None:  # fmt: skip
+    """Every replica's ``update`` at once (each blocks until its peers deliver)."""
+    threads = [threading.Thread(target=r.update, args=(g, t, final))
+               for r, g in zip(replicas, grads, strict=True)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+
 def test_bytes_per_worker_are_those_of_a_ring_all_reduce(
     ring: Callable[..., list[AllReduce]],
 ) -> None:
@@ -182,14 +193,7 @@ def test_replicas_equal_each_other_and_the_ps_path(
     rng = np.random.default_rng(1)
     for t in range(4):
         grads = [rng.standard_normal(size).astype(np.float32) for _ in range(2)]
-        threads = [
-            threading.Thread(target=replicas[w].update, args=(grads[w], t, t == 3))
-            for w in range(2)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        update_all(replicas, grads, t, final=t == 3)
         for w in range(2):  # worker order, as the all-reduce adds them
             ps.push_dense_gradients(through_ps, grads[w], t)
         ps.commit(t)
@@ -222,12 +226,7 @@ def test_started_updates_run_in_the_background_and_settle_to_the_same_replicas(
         assert all(r.overlaps(final=False) and not r.overlaps(final=True) for r in started)
         for w in range(2):  # one thread: worker 0's call must not wait for worker 1
             started[w].start_update(grads[w], t, False)
-        threads = [threading.Thread(target=waited[w].update, args=(grads[w], t, False))
-                   for w in range(2)]  # fmt: skip
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        update_all(waited, grads, t)
         values = [r.values() for r in started]  # settles
         assert values[0].tobytes() == values[1].tobytes() == waited[0].values().tobytes()
     lonely = AllReduceDense(ps, param, optimizer, ring(2, size, timeout=1.0)[0], 0)
@@ -331,12 +330,7 @@ def test_running_statistics_are_written_over_the_update(
             if replicas is with_stats:
                 for r in replicas:
                     r.hold_running(running)
-            threads = [threading.Thread(target=replicas[w].update, args=(grads[w], t, False))
-                       for w in range(2)]  # fmt: skip
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(60)
+            update_all(replicas, grads, t)
         rows = [r.values() for r in with_stats]
         assert rows[0].tobytes() == rows[1].tobytes()
         assert rows[0][positions].tolist() == [0.5 + t] * 4

@@ -21,7 +21,7 @@ import pytest
 
 from heraldps.dropout import dropout_mask
 from heraldps.model import DeepFM, Gradients, ModelConfig
-from tests.unit.test_model import ACTIVATIONS_64, Batch, random_dense
+from tests.unit.test_model import ACTIVATIONS_64, Batch, layers64, numeric, random_dense
 
 F64 = npt.NDArray[np.float64]
 BN = ModelConfig(num_fields=3, num_dense=2, embedding_dim=4, hidden=(5, 3), seed=1,
@@ -32,14 +32,8 @@ EPS, MOMENTUM = 1e-5, 0.1
 def unpack64(config: ModelConfig, dense: F64) -> tuple[list[tuple[F64, F64]], F64, float, list]:
     """(W, b) per layer, w_lin, bias and (gamma, beta, mean, var) per hidden layer, read
     from the documented layout by hand."""
-    F, D, Nd = config.num_fields, config.embedding_dim, config.num_dense
-    widths = [F * D + Nd, *config.hidden, 1]
-    offset, layers = 0, []
-    for fan_in, fan_out in itertools.pairwise(widths):
-        W = dense[offset : offset + fan_in * fan_out].reshape(fan_in, fan_out)
-        offset += fan_in * fan_out
-        layers.append((W, dense[offset : offset + fan_out]))
-        offset += fan_out
+    Nd = config.num_dense
+    layers, offset = layers64(config, dense)
     w_lin, bias = dense[offset : offset + Nd], float(dense[offset + Nd])
     offset += Nd + 1
     norms = []
@@ -88,19 +82,6 @@ def loss64(config: ModelConfig, dense: F64, emb: F64, batch: Batch, scale: float
     z, _ = logits64(config, dense, emb, batch, masks)
     y = batch.labels.astype(np.float64)
     return float(np.sum(np.logaddexp(0.0, z) - y * z) / scale)
-
-
-def numeric(param: F64, loss_of: Any, eps: float = 1e-6) -> F64:
-    grad = np.zeros_like(param)
-    for i in np.ndindex(param.shape):
-        saved = param[i]
-        param[i] = saved + eps
-        up = loss_of()
-        param[i] = saved - eps
-        down = loss_of()
-        param[i] = saved
-        grad[i] = (up - down) / (2 * eps)
-    return grad
 
 
 def trained_dense(model: DeepFM, seed: int) -> npt.NDArray[np.float32]:

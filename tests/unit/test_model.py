@@ -30,6 +30,20 @@ ACTIVATIONS_64 = {
 }
 
 
+def layers64(config: ModelConfig, dense: F64) -> tuple[list[tuple[F64, F64]], int]:
+    """``(W, b)`` of every MLP layer read from the documented layout by hand, and the
+    offset after them."""
+    F, D, Nd = config.num_fields, config.embedding_dim, config.num_dense
+    widths = [F * D + Nd, *config.hidden, 1]
+    offset, layers = 0, []
+    for fan_in, fan_out in itertools.pairwise(widths):
+        W = dense[offset : offset + fan_in * fan_out].reshape(fan_in, fan_out)
+        offset += fan_in * fan_out
+        layers.append((W, dense[offset : offset + fan_out]))
+        offset += fan_out
+    return layers, offset
+
+
 def reference_logits(
     config: ModelConfig,
     dense: F64,
@@ -46,13 +60,7 @@ def reference_logits(
     """
     act = ACTIVATIONS_64[config.activation]
     F, D, Nd = config.num_fields, config.embedding_dim, config.num_dense
-    widths = [F * D + Nd, *config.hidden, 1]
-    offset, layers = 0, []
-    for fan_in, fan_out in itertools.pairwise(widths):
-        W = dense[offset : offset + fan_in * fan_out].reshape(fan_in, fan_out)
-        offset += fan_in * fan_out
-        layers.append((W, dense[offset : offset + fan_out]))
-        offset += fan_out
+    layers, offset = layers64(config, dense)
     w_lin, bias = dense[offset : offset + Nd], dense[offset + Nd]
     assert offset + Nd + 1 == dense.shape[0]
     out = np.empty(field_rows.shape[0])
@@ -103,6 +111,20 @@ class Batch:
         )  # fmt: skip
 
 
+def numeric(param: F64, loss_of: Any, eps: float = 1e-6) -> F64:
+    """Central finite differences of ``loss_of()`` in every entry of ``param`` (in place)."""
+    grad = np.zeros_like(param)
+    for i in np.ndindex(param.shape):
+        saved = param[i]
+        param[i] = saved + eps
+        up = loss_of()
+        param[i] = saved - eps
+        down = loss_of()
+        param[i] = saved
+        grad[i] = (up - down) / (2 * eps)
+    return grad
+
+
 def random_dense(model: DeepFM, seed: int) -> npt.NDArray[np.float32]:
     """Initial weights plus noise, so biases and the linear term are not zero."""
     rng = np.random.default_rng(seed)
@@ -148,20 +170,6 @@ def test_gradients_match_finite_differences_of_a_float64_reference(
     d64, e64 = dense.astype(np.float64), batch.emb.astype(np.float64)
     expected = reference_loss(config, d64, e64, batch, scale, masks)
     assert loss_sum / scale == pytest.approx(expected, 1e-5)
-
-    eps = 1e-6
-
-    def numeric(param: F64, loss_of: Any) -> F64:
-        grad = np.zeros_like(param)
-        for i in np.ndindex(param.shape):
-            saved = param[i]
-            param[i] = saved + eps
-            up = loss_of()
-            param[i] = saved - eps
-            down = loss_of()
-            param[i] = saved
-            grad[i] = (up - down) / (2 * eps)
-        return grad
 
     def loss() -> float:
         return reference_loss(config, d64, e64, batch, scale, masks)
