@@ -37,7 +37,7 @@ class Normalized(NamedTuple):
 
     xhat: Any  # [B, H] float32: (z - mean) * inv_std
     inv_std: Any  # [H] float32
-    count: Any  # [1] float32: samples in the global batch
+    count: Any  # [1] float32: samples in the global batch (at least 1)
     running_mean: Any  # [H] float32, after this step
     running_var: Any  # [H] float32, after this step
 
@@ -61,7 +61,7 @@ def normalize_train(
     count = xp.full(1, z.shape[0], dtype=f64)
     sums = reduce(xp, xp.concatenate([count, d64.sum(axis=0), (d64 * d64).sum(axis=0)]),
                   batch_sum).astype(f64)  # fmt: skip
-    n = sums[0:1]
+    n = xp.maximum(sums[0:1], f64(1))  # an empty global batch: zeros, not NaN
     shift = sums[1 : 1 + width] / n
     var = xp.maximum(sums[1 + width :] / n - shift * shift, f64(0))
     mean = running_mean.astype(f64) + shift
@@ -87,6 +87,6 @@ def backward(xp: Any, dxhat: Any, norm: Normalized, batch_sum: BatchSum | None) 
                             (dxhat * norm.xhat).astype(f64).sum(axis=0)])  # fmt: skip
     sums = reduce(xp, local, batch_sum)
     width = dxhat.shape[1]
-    n = xp.maximum(norm.count, f32(1))
+    n = norm.count
     mean_dxhat, mean_dxhat_xhat = sums[:width] / n, sums[width:] / n
     return norm.inv_std * (dxhat - mean_dxhat - norm.xhat * mean_dxhat_xhat)
