@@ -75,6 +75,9 @@ class TrainingJob:
     hidden: tuple[int, ...] = (64, 32)  # MLP hidden layer widths (--hidden-layers)
     activation: str = "relu"  # of the hidden layers: a name in heraldps.activations
     dropout: float = 0.0  # rate on the hidden layers' outputs in training (0: off)
+    # Batch normalization of every hidden layer with the global batch's statistics
+    # (heraldps/batch_norm.py); needs dense_sync "allreduce".
+    batch_norm: bool = False
     seed: int = 0
     staleness: int = 0
     policy: str = "lru"
@@ -97,6 +100,11 @@ class TrainingJob:
             raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
         if self.dense_sync not in DENSE_SYNCS:
             raise InvalidArgument(f"--dense-sync must be one of {', '.join(DENSE_SYNCS)}")
+        if self.batch_norm and self.dense_sync == "ps":
+            raise InvalidArgument(
+                "--batch-norm needs the workers' dense all-reduce, which also sums the batch "
+                "statistics: use --dense-sync allreduce (or auto) instead of --dense-sync ps"
+            )
         if self.dense_checkpoint_every < 0:
             raise InvalidArgument("--dense-checkpoint-every must be >= 0 (0: at the end only)")
         if self.workers < 1 or self.batch_size_per_worker < 1 or self.epochs < 1:
@@ -144,6 +152,7 @@ class TrainingJob:
             seed=self.seed,
             activation=self.activation,
             dropout=self.dropout,
+            batch_norm=self.batch_norm,
         )
         return DeepFM(config, xp)
 

@@ -7,9 +7,15 @@ every scalar is cast to float32, so nothing silently upcasts to float64.
 
 The model never owns its parameters. The embedding rows a mini-batch uses
 live in the worker's cache and are passed in as ``emb``; the dense (MLP,
-linear and bias) parameters are one flat float32 vector that the PS stores
-as a single dense table and the worker passes in as ``dense_params``. Both
-gradients come back in the same shapes, ready to push.
+linear and bias, batch normalization) parameters are one flat float32 vector
+that the PS stores as a single dense table and the worker passes in as
+``dense_params``. Both gradients come back in the same shapes, ready to push.
+
+Batch normalization (``ModelConfig.batch_norm``) normalizes with the statistics
+of the *global* batch, though a worker holds only its share of it: the caller
+passes ``batch_sum``, which sums a small float32 vector over every worker of the
+global batch (one all-reduce per layer forward and one backward), so every mode
+trains the model single-process training on the whole batch does.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from heraldps import batch_norm
 from heraldps.activations import activation_named
 from heraldps.arrays import to_host
 from heraldps.dropout import dropout_mask
@@ -57,6 +64,7 @@ class ModelConfig:
     seed: int = 0
     activation: str = "relu"  # of the hidden layers: a name in heraldps.activations
     dropout: float = 0.0  # rate on every hidden layer's output in training (0: off)
+    batch_norm: bool = False  # normalize every hidden layer's pre-activation (global batch)
 
     def __post_init__(self) -> None:
         if self.num_fields < 1:
@@ -83,12 +91,49 @@ class ModelConfig:
             raise InvalidArgument(f"dropout must be in [0, 1), got {self.dropout}; e.g. 0.1")
 
 
+class BatchNormParams(NamedTuple):
+    """One hidden layer's batch normalization: trained ``gamma``, ``beta``, and the running
+    statistics prediction uses (buffers: never trained, overwritten after each step)."""
+
+    gamma: Any  # [out]
+    beta: Any  # [out]
+    running_mean: Any  # [out]
+    running_var: Any  # [out]
+
+
 class DenseParams(NamedTuple):
     """Views into the flat dense vector (no copies): one ``(W, b)`` per MLP layer."""
 
     layers: list[tuple[Any, Any]]  # W [in, out], b [out]; the last layer has out == 1
     w_lin: Any  # [num_dense]
     bias: Any  # [1]
+    norms: list[BatchNormParams]  # one per hidden layer with batch_norm, else empty
+
+
+class RunningStats(NamedTuple):
+    """The running statistics after a training step: ``values`` at flat ``positions``
+    of the dense vector. They take no gradient; whoever applies the step's dense update
+    writes them over the updated vector (:meth:`write_into`), so no optimizer moves them."""
+
+    positions: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float32]  # host NumPy
+
+    def write_into(self, dense: npt.NDArray[np.float32]) -> None:
+        """Overwrite the running statistics in ``dense``: a flat vector, or the dense table's
+        rows (``[rows, width]``, C-contiguous; the flat vector padded), in place."""
+        flat = dense.reshape(-1)
+        if not np.shares_memory(flat, dense):
+            raise InvalidArgument("write_into needs a contiguous array it can change in place")
+        flat[self.positions] = self.values
+
+
+class Gradients(NamedTuple):
+    """What :meth:`DeepFM.forward_backward` returns for one mini-batch."""
+
+    loss_sum: float
+    emb_grad: Any  # [rows, dim]
+    dense_grad: Any  # [dense_size]; 0 at the running statistics
+    running: RunningStats | None  # the new running statistics (batch_norm), else None
 
 
 class DeepFM:
@@ -101,7 +146,17 @@ class DeepFM:
        ``in_l`` the previous layer's width: ``W_l`` as ``[in_l, out_l]``
        row-major, then ``b_l`` as ``[out_l]``;
     2. ``w_lin`` ``[num_dense]``: the linear term on the dense features;
-    3. ``bias`` ``[1]``.
+    3. ``bias`` ``[1]``;
+    4. with ``batch_norm``, for each hidden layer ``l`` in order, four ``[out_l]`` vectors:
+       ``gamma_l`` (initially 1), ``beta_l`` (0), ``running_mean_l`` (0) and
+       ``running_var_l`` (1). Without it the vector ends at ``bias``, so a model without
+       batch normalization keeps the layout it always had. A hidden layer's ``b_l`` stays in
+       the layout but takes gradient 0 (the normalization subtracts it).
+
+    A hidden layer is ``Linear -> BatchNorm -> activation -> dropout`` (FuxiCTR's
+    MLP_Block order; torch.nn.BatchNorm1d's arithmetic: eps 1e-5, momentum 0.1, biased
+    batch variance to normalize, unbiased to update ``running_var``). Training
+    normalizes with the global batch's statistics; :meth:`predict` with the running ones.
 
     The MLP input of a sample is its field embeddings in field order, then its
     dense features: ``concat(x_emb[0], ..., x_emb[F-1], dense_x)``.
@@ -123,7 +178,37 @@ class DeepFM:
         for shape in ((c.num_dense,), (1,)):
             self._layout.append((offset, shape))
             offset += int(np.prod(shape))
+        self._norm_offset = offset  # where the batch-norm vectors start
+        if c.batch_norm:
+            offset += 4 * sum(c.hidden)
         self._dense_size = offset
+        running = [np.arange(start + 2 * width, start + 4 * width, dtype=np.int64)
+                   for width, start in self._norm_layers()]  # fmt: skip
+        self.running_index: npt.NDArray[np.int64] = (
+            np.concatenate(running) if running else np.zeros(0, np.int64)
+        )  # flat positions of every running_mean_l, running_var_l, in layout order
+
+    def _norm_layers(self) -> list[tuple[int, int]]:
+        """(width, offset) of each hidden layer's batch-norm vectors (none without it)."""
+        if not self.config.batch_norm:
+            return []
+        layers, offset = [], self._norm_offset
+        for width in self.config.hidden:
+            layers.append((width, offset))
+            offset += 4 * width
+        return layers
+
+    @property
+    def max_reduction(self) -> int:
+        """Floats in the largest ``batch_sum`` vector a training step reduces: the forward
+        pass's ``[count, sum, sum of squares]`` of the widest hidden layer (0: none)."""
+        widths = [width for width, _ in self._norm_layers()]
+        return 1 + 2 * max(widths) if widths else 0
+
+    @property
+    def reductions_per_step(self) -> int:
+        """``batch_sum`` calls of one training step: two per hidden layer with batch_norm."""
+        return 2 * len(self.config.hidden) if self.config.batch_norm else 0
 
     @property
     def dense_size(self) -> int:
@@ -147,6 +232,9 @@ class DeepFM:
                 limit = np.sqrt(6.0 / (fan_in + fan_out))
             weights = rng.uniform(-limit, limit, size=fan_in * fan_out)
             out[offset : offset + fan_in * fan_out] = weights.astype(np.float32)
+        for width, start in self._norm_layers():
+            out[start : start + width] = 1.0  # gamma
+            out[start + 3 * width : start + 4 * width] = 1.0  # running_var
         return out
 
     def unpack(self, dense_params: Any) -> DenseParams:
@@ -159,7 +247,12 @@ class DeepFM:
             )
         views = [dense_params[o : o + int(np.prod(s))].reshape(s) for o, s in self._layout]
         layers = [(views[i], views[i + 1]) for i in range(0, len(views) - 2, 2)]
-        return DenseParams(layers, views[-2], views[-1])
+        norms = [
+            BatchNormParams(*(dense_params[start + k * width : start + (k + 1) * width]
+                              for k in range(4)))
+            for width, start in self._norm_layers()
+        ]  # fmt: skip
+        return DenseParams(layers, views[-2], views[-1], norms)
 
     # ----- forward / backward -------------------------------------------------
     def _inputs(
@@ -198,9 +291,13 @@ class DeepFM:
         field_rows: Any,
         dense_x: Any,
         sample_ids: Any = None,
+        training: bool = False,
+        batch_sum: batch_norm.BatchSum | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Logits ``[B]`` and what the backward pass needs. With ``sample_ids`` (training
-        with dropout), each hidden layer's output is masked by :func:`dropout_mask`."""
+        with dropout), each hidden layer's output is masked by :func:`dropout_mask`. Batch
+        normalization uses the global batch's statistics in ``training``, else the running
+        ones."""
         xp = self.xp
         B, F = field_rows.shape
         D = self.config.embedding_dim
@@ -214,9 +311,19 @@ class DeepFM:
         s = x.sum(axis=1)  # [B, D]
         fm = f32(0.5) * (s * s - (x * x).sum(axis=1)).sum(axis=1)
         h = xp.concatenate([x.reshape(B, F * D), dense_x], axis=1)
-        inputs, pre, acts, masks = [h], [], [], []
+        inputs, pre, acts, masks, norms = [h], [], [], [], []
         for layer, (W, b) in enumerate(params.layers[:-1]):
             z = h @ W + b
+            if params.norms:  # Linear -> BatchNorm -> activation -> dropout
+                bn = params.norms[layer]
+                if training:
+                    norm = batch_norm.normalize_train(xp, z, bn.running_mean, bn.running_var,
+                                                      batch_sum)  # fmt: skip
+                    norms.append(norm)
+                    xhat = norm.xhat
+                else:
+                    xhat = batch_norm.normalize_eval(xp, z, bn.running_mean, bn.running_var)
+                z = bn.gamma * xhat + bn.beta
             pre.append(z)
             h = self.activation.forward(xp, z)
             acts.append(h)
@@ -230,7 +337,7 @@ class DeepFM:
         deep = (h @ W_out + b_out)[:, 0]
         logit = fm + deep + dense_x @ params.w_lin + params.bias[0]
         cache = {"present": present, "rows": rows, "x": x, "s": s, "inputs": inputs, "pre": pre,
-                 "acts": acts, "masks": masks}  # fmt: skip
+                 "acts": acts, "masks": masks, "norms": norms}  # fmt: skip
         return logit, cache
 
     def forward_backward(
@@ -242,8 +349,9 @@ class DeepFM:
         labels: Any,
         loss_scale: float,
         sample_ids: Any = None,
-    ) -> tuple[float, Any, Any]:
-        """``(loss_sum, emb_grad, dense_grad)`` of one mini-batch.
+        batch_sum: batch_norm.BatchSum | None = None,
+    ) -> Gradients:
+        """``(loss_sum, emb_grad, dense_grad, running)`` of one mini-batch.
 
         ``loss_sum`` is the summed binary cross-entropy of the batch; the
         gradients are of ``loss_sum / loss_scale``. Callers pass the global
@@ -253,6 +361,12 @@ class DeepFM:
         missing fields (-1) contribute nothing. ``sample_ids`` (int64 ``[B]``, the
         samples' global indices: iteration x global batch + index in the global batch)
         draw the dropout masks; required when ``config.dropout > 0``, else unused.
+
+        With ``batch_norm``, ``batch_sum`` sums a float32 vector over every worker of the
+        global batch (None: this call holds the whole batch); it is called twice per
+        hidden layer, in the same order on every worker (forward from the first layer,
+        backward from the last), also by a worker with no samples. ``running`` is then
+        the new running statistics, to write over the dense vector after its update.
         """
         xp = self.xp
         if not loss_scale > 0:
@@ -281,7 +395,8 @@ class DeepFM:
                 )
         else:
             sample_ids = None
-        logit, cache = self._forward(params, emb, field_rows, dense_x, sample_ids)
+        logit, cache = self._forward(params, emb, field_rows, dense_x, sample_ids, True,
+                                     batch_sum)  # fmt: skip
 
         # Stable BCE from logits: max(z, 0) - z*y + log(1 + exp(-|z|)).
         e = xp.exp(-xp.abs(logit))
@@ -297,6 +412,7 @@ class DeepFM:
         # MLP, output layer first.
         dh = dlogit[:, None]  # d loss / d (layer output)
         inputs, pre, acts, masks = cache["inputs"], cache["pre"], cache["acts"], cache["masks"]
+        norms = cache["norms"]
         for layer in range(len(params.layers) - 1, -1, -1):
             W = params.layers[layer][0]
             dW, db = g.layers[layer]
@@ -304,8 +420,16 @@ class DeepFM:
                 if masks:  # through the dropout mask
                     dh = dh * masks[layer]
                 dh = dh * self.activation.grad(xp, pre[layer], acts[layer])  # and activation
+                if norms:  # and batch normalization (its running statistics: gradient 0)
+                    norm, gamma, dnorm = norms[layer], params.norms[layer].gamma, g.norms[layer]
+                    dnorm.gamma[...] = (dh * norm.xhat).sum(axis=0)
+                    dnorm.beta[...] = dh.sum(axis=0)
+                    dh = batch_norm.backward(xp, dh * gamma, norm, batch_sum)
             dW[...] = inputs[layer].T @ dh
-            db[...] = dh.sum(axis=0)
+            if not (norms and layer < len(norms)):
+                db[...] = dh.sum(axis=0)
+            # else: the normalization subtracts the bias, so its gradient is exactly 0; the
+            # rounding noise of sum(dz) would be all an adaptive optimizer steps on.
             dh = dh @ W.T
         dx = dh[:, : F * D].reshape(B, F, D)
         # FM: d/dx_f of 0.5 * (|sum_g x_g|^2 - sum_g |x_g|^2) is (sum_g x_g) - x_f.
@@ -317,10 +441,15 @@ class DeepFM:
             # Missing fields point at row 0 with a zero gradient: adding it is harmless
             # and avoids a data-dependent (device-synchronising) boolean selection.
             scatter_add(xp, emb_grad, cache["rows"].reshape(-1), dx.reshape(B * F, D))
-        return loss_sum, emb_grad, grad
+        running = None
+        if norms:  # one transfer: every layer's new running_mean, running_var
+            values = xp.concatenate([v for n in norms for v in (n.running_mean, n.running_var)])
+            running = RunningStats(self.running_index, to_host(values).astype(np.float32))
+        return Gradients(loss_sum, emb_grad, grad, running)
 
     def predict(self, dense_params: Any, emb: Any, field_rows: Any, dense_x: Any) -> Any:
-        """Click probabilities ``[B]`` (float32, on the array module's device)."""
+        """Click probabilities ``[B]`` (float32, on the array module's device); batch
+        normalization uses the running statistics."""
         xp = self.xp
         dense_params, emb, field_rows, dense_x = self._inputs(
             dense_params, emb, field_rows, dense_x

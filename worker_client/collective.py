@@ -13,12 +13,20 @@ does, in two rounds of parallel sends instead of 2 (N-1) sequential ones
 (latency matters more than bandwidth for a dense MLP of tens of KB). Each part
 is summed once, by its owner, in a fixed order, so every worker ends with the
 same bits and their replicas stay equal.
+
+A worker's Collective service carries independent all-reduces, one per
+*stream*, each with its own mailbox, size and rounds: stream 0 sums the dense
+gradient (round = iteration), stream 1 the batch-norm statistics
+(:class:`BatchSums`, several rounds per iteration, each one exchange of whole
+vectors: they are a few KB, and one round of messages waits less than two).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from typing import Any
 
@@ -41,7 +49,8 @@ from heraldps.v1 import collective_pb2, collective_pb2_grpc
 
 Floats = npt.NDArray[np.float32]
 
-REDUCE_SCATTER, ALL_GATHER = 0, 1
+REDUCE_SCATTER, ALL_GATHER, EXCHANGE = 0, 1, 2
+DENSE_STREAM, STATISTICS_STREAM = 0, 1
 MAX_PENDING_ROUNDS = 2  # a peer can be at most one round ahead of this worker
 
 
@@ -69,14 +78,16 @@ class Mailbox:
         return self.edges[part + 1] - self.edges[part]
 
     def put(self, round_: int, phase: int, sender: int, part: int, data: bytes) -> None:
-        if phase not in (REDUCE_SCATTER, ALL_GATHER):
-            raise InvalidArgument(f"phase must be 0 (reduce-scatter) or 1 (all-gather): {phase}")
+        if phase not in (REDUCE_SCATTER, ALL_GATHER, EXCHANGE):
+            raise InvalidArgument(
+                f"phase must be 0 (reduce-scatter), 1 (all-gather) or 2 (exchange): {phase}"
+            )
         if not 0 <= sender < self.workers or sender == self.rank:
             raise InvalidArgument(f"sender {sender} is not a peer of worker {self.rank}")
         expected = self.rank if phase == REDUCE_SCATTER else sender
         if part != expected:
             raise InvalidArgument(f"phase {phase} from worker {sender} must carry part {expected}")
-        size = self._part_size(part)
+        size = self.edges[-1] if phase == EXCHANGE else self._part_size(part)
         if len(data) != 4 * size:
             raise InvalidArgument(f"part {part} has {size} floats, got {len(data)} bytes")
         values = np.frombuffer(data, dtype="<f4").astype(np.float32)
@@ -121,10 +132,12 @@ class Mailbox:
 
 
 class CollectiveServicer(collective_pb2_grpc.CollectiveServicer):
-    """Stores delivered parts in the worker's mailbox."""
+    """Stores delivered parts in the mailbox of their stream."""
 
-    def __init__(self, mailbox: Mailbox) -> None:
-        self.mailbox = mailbox
+    def __init__(self, mailboxes: Mailbox | Mapping[int, Mailbox]) -> None:
+        self.mailboxes = (
+            {DENSE_STREAM: mailboxes} if isinstance(mailboxes, Mailbox) else dict(mailboxes)
+        )
 
     def record_rpc(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         """Delivery is timed by the sender (the all-reduce's phase); nothing to record here."""
@@ -133,13 +146,24 @@ class CollectiveServicer(collective_pb2_grpc.CollectiveServicer):
     def Deliver(
         self, request: collective_pb2.CollectivePart, context: grpc.ServicerContext
     ) -> collective_pb2.DeliverResponse:
-        self.mailbox.put(request.round, request.phase, request.sender, request.part,
-                         request.values)  # fmt: skip
+        mailbox = self.mailboxes.get(request.stream)
+        if mailbox is None:
+            raise InvalidArgument(
+                f"this worker runs no all-reduce of stream {request.stream} (it has "
+                f"{sorted(self.mailboxes)}): the workers run different jobs"
+            )
+        mailbox.put(request.round, request.phase, request.sender, request.part,
+                    request.values)  # fmt: skip
         return collective_pb2.DeliverResponse()
 
 
 class AllReduce:
-    """Sums one float32 vector of ``size`` over all workers, the same bits on each."""
+    """Sums one float32 vector of ``size`` over all workers, the same bits on each.
+
+    ``exchange``: one round instead of two, for vectors too small for bytes to matter (batch
+    norm's statistics): every worker sends its whole vector to every other and adds the N
+    vectors in worker order itself; the same inputs in the same order give the same bits.
+    """
 
     def __init__(
         self,
@@ -150,8 +174,11 @@ class AllReduce:
         timeout: float,
         max_message_bytes: int,
         security: ClientSecurity = PLAIN,
+        stream: int = DENSE_STREAM,
+        exchange: bool = False,
     ) -> None:
         self.rank, self.workers, self.size = rank, len(peers), size
+        self.stream, self.exchange = stream, exchange
         self.mailbox = mailbox
         self.timeout = timeout
         self.edges = part_edges(size, self.workers)
@@ -173,8 +200,9 @@ class AllReduce:
         calls: list[tuple[int, Any]] = []  # grpc futures
         for w, values in parts.items():
             message = collective_pb2.CollectivePart(
-                round=round_, phase=phase, sender=self.rank, part=w if phase == 0 else self.rank,
-                values=values.astype("<f4").tobytes(),
+                round=round_, phase=phase, sender=self.rank,
+                part=w if phase == REDUCE_SCATTER else self.rank,
+                values=values.astype("<f4").tobytes(), stream=self.stream,
             )  # fmt: skip
             calls.append((w, self._stubs[w].Deliver.future(message, timeout=self.timeout)))
             self.bytes_moved += 4 * values.shape[0]
@@ -199,6 +227,8 @@ class AllReduce:
         if self.workers == 1:
             return values.copy()
         others = [w for w in range(self.workers) if w != self.rank]
+        if self.exchange:
+            return self._exchange(values, round_, others)
         self._send(round_, REDUCE_SCATTER, {w: self._part(values, w) for w in others})
         received = self._take(round_, REDUCE_SCATTER, others)
         copies = dict(zip(others, received, strict=True))
@@ -218,20 +248,34 @@ class AllReduce:
         )
         return out
 
+    def _exchange(self, values: Floats, round_: int, others: list[int]) -> Floats:
+        """One round: the whole vector to every peer, the N vectors added in worker order."""
+        self._send(round_, EXCHANGE, dict.fromkeys(others, values))
+        received = self._take(round_, EXCHANGE, others)
+        self.mailbox.finish(round_)
+        copies = dict(zip(others, received, strict=True))
+        copies[self.rank] = values
+        out = copies[0].copy()
+        for w in range(1, self.workers):
+            out += copies[w]
+        self.bytes_moved += 4 * sum(p.shape[0] for p in received)
+        return out
+
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
 
 
 def serve_collective(
-    mailbox: Mailbox,
+    mailbox: Mailbox | Mapping[int, Mailbox],
     host: str,
     port: int,
     max_message_bytes: int,
     security: ServerSecurity = OPEN,
 ) -> tuple[grpc.Server, int]:
-    """Start the worker's Collective service on ``host:port`` (0: a free port);
-    ``security``: TLS and the token peers must present (the workers' own)."""
+    """Start the worker's Collective service on ``host:port`` (0: a free port), delivering
+    to ``mailbox`` (stream 0) or to a mailbox per stream; ``security``: TLS and the token
+    peers must present (the workers' own)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="collective"),
         options=channel_options(max_message_bytes) + NO_REUSEPORT,
@@ -241,3 +285,39 @@ def serve_collective(
     bound = security.bind(server, host, port, "the worker's all-reduce server", "--collective-port")
     server.start()
     return server, bound
+
+
+class BatchSums:
+    """The batch-norm statistics' all-reduce: sums the small vectors of
+    :func:`heraldps.batch_norm.reduce` over the workers of each global batch.
+
+    One :class:`AllReduce` of the model's largest reduction (stream 1); a shorter vector
+    is padded with zeros. Round ``iteration x per_step + k`` is the k-th reduction of the
+    iteration's step, so rounds only grow, as the mailbox requires, and never meet the
+    dense gradient's (another stream). Every worker calls it the same number of times per
+    step, also one with no samples (it sends zeros).
+    """
+
+    def __init__(self, all_reduce: AllReduce, per_step: int) -> None:
+        self.all_reduce, self.per_step = all_reduce, per_step
+
+    def for_iteration(self, iteration: int) -> Callable[[Floats], Floats]:
+        """The ``batch_sum`` of iteration ``iteration``'s training step."""
+        calls = itertools.count()
+
+        def batch_sum(values: Floats) -> Floats:
+            k = next(calls)
+            if k >= self.per_step:
+                raise FailedPrecondition(
+                    f"reduction {k + 1} of iteration {iteration}: a step makes {self.per_step}"
+                )
+            values = np.asarray(values, dtype=np.float32).reshape(-1)
+            padded = np.zeros(self.all_reduce.size, np.float32)
+            padded[: values.shape[0]] = values
+            total = self.all_reduce.sum(padded, iteration * self.per_step + k)
+            return total[: values.shape[0]]
+
+        return batch_sum
+
+    def close(self) -> None:
+        self.all_reduce.close()

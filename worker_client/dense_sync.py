@@ -12,6 +12,13 @@ optimizer function the PS would, so the replicas equal each other and the
 model the PS path trains. Worker 0 writes its replica to the PS dense table
 every ``dense_checkpoint_every`` iterations and with the final flush, so
 snapshots, serving and evaluation read the dense model from the PS as before.
+
+Batch normalization needs the all-reduce: its statistics are summed over the
+workers of each global batch (:meth:`DenseSync.batch_sum`, stream 1 of the
+collective), and its running statistics, which take no gradient, are written
+over each update (:meth:`DenseSync.hold_running`), the same bits on every
+replica. The PS path has no worker-to-worker collective: a job refuses
+``batch_norm`` with ``dense_sync="ps"``.
 """
 
 from __future__ import annotations
@@ -23,9 +30,12 @@ from concurrent.futures import Future
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.batch_norm import BatchSum
 from heraldps.client import DenseParameter, PSClient
+from heraldps.errors import FailedPrecondition
+from heraldps.model import RunningStats
 from heraldps.optim import Optimizer
-from worker_client.collective import AllReduce
+from worker_client.collective import AllReduce, BatchSums
 from worker_client.sends import Sends
 
 Floats = npt.NDArray[np.float32]
@@ -36,6 +46,7 @@ class DenseSync(abc.ABC):
 
     bytes_moved = 0  # payload bytes of dense parameters sent and received so far
     wait_seconds = 0.0  # blocked on other workers (the all-reduce is a barrier) so far
+    statistics_wait_seconds = 0.0  # blocked on other workers' batch-norm statistics so far
 
     @abc.abstractmethod
     def values(self) -> Floats:
@@ -59,6 +70,17 @@ class DenseSync(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (most syncs hold nothing to release)
         """Release connections."""
+
+    def batch_sum(self, iteration: int) -> BatchSum | None:
+        """The batch-norm statistics' reducer of iteration ``iteration`` (None: none)."""
+        return None
+
+    def hold_running(self, running: RunningStats | None) -> None:
+        """Running statistics (batch norm) to write over the next update's result."""
+        if running is not None:
+            raise FailedPrecondition(
+                "batch normalization needs the dense all-reduce (--dense-sync allreduce)"
+            )
 
 
 class PSDense(DenseSync):
@@ -89,10 +111,13 @@ class AllReduceDense(DenseSync):
         optimizer: Optimizer,
         all_reduce: AllReduce,
         checkpoint_every: int,
+        batch_sums: BatchSums | None = None,
     ) -> None:
         self.ps, self.param, self.optimizer = ps, param, optimizer
         self.all_reduce = all_reduce
         self.checkpoint_every = checkpoint_every
+        self.batch_sums = batch_sums  # batch norm's statistics (None: the model has none)
+        self._running: RunningStats | None = None  # written over the next update
         self._rows: Floats | None = None  # read from the PS at the first iteration
         self._state: Floats = np.empty(0, np.float32)
         self._versions = np.empty(0, np.int64)
@@ -120,6 +145,10 @@ class AllReduceDense(DenseSync):
     def wait_seconds(self) -> float:  # type: ignore[override]
         return self.all_reduce.wait_seconds
 
+    @property
+    def statistics_wait_seconds(self) -> float:  # type: ignore[override]
+        return self.batch_sums.all_reduce.wait_seconds if self.batch_sums else 0.0
+
     def values(self) -> Floats:
         self.settle()
         return self.param.from_rows(self._replica())
@@ -142,9 +171,22 @@ class AllReduceDense(DenseSync):
         if pending is not None:
             pending.result()
 
+    def batch_sum(self, iteration: int) -> BatchSum | None:
+        """Sums over the workers (stream 1 of the collective); None without batch norm, or
+        for a lone worker, which holds the whole batch."""
+        if self.batch_sums is None or self.all_reduce.workers == 1:
+            return None
+        return self.batch_sums.for_iteration(iteration)
+
+    def hold_running(self, running: RunningStats | None) -> None:
+        self._running = running
+
     def update(self, grad: Floats, iteration: int, final: bool) -> None:
         total = self.all_reduce.sum(np.asarray(grad, dtype=np.float32), iteration)
         self.optimizer.apply(self._replica(), self._state, self.param.to_rows(total))
+        running, self._running = self._running, None
+        if running is not None:  # buffers, not trained: no optimizer (or decay) moves them
+            running.write_into(self._replica())
         self._versions += 1  # one commit's worth, as the PS would count it
         due = self.checkpoint_every > 0 and (iteration + 1) % self.checkpoint_every == 0
         if self.all_reduce.rank == 0 and (final or due):
@@ -167,3 +209,5 @@ class AllReduceDense(DenseSync):
             pending.cancel()
             concurrent.futures.wait([pending])
         self.all_reduce.close()
+        if self.batch_sums is not None:
+            self.batch_sums.close()

@@ -59,7 +59,7 @@ class ReferenceTrainer:
         mb = select(batch, np.arange(batch.rows, dtype=np.int64))
         rows = self._rows(mb.keys)
         dense = self.dense_param.from_rows(self.dense_rows)
-        loss, emb_grad, dense_grad = self.model.forward_backward(
+        loss, emb_grad, dense_grad, running = self.model.forward_backward(
             dense, self.values[rows], mb.field_rows, mb.dense, mb.labels,
             loss_scale=float(batch.rows),
             sample_ids=iteration * batch.rows + np.arange(batch.rows, dtype=np.int64),
@@ -71,6 +71,8 @@ class ReferenceTrainer:
         self.dense_optimizer.apply(
             self.dense_rows, self.dense_state, self.dense_param.to_rows(dense_grad)
         )
+        if running is not None:  # batch norm's running statistics: written, not trained
+            running.write_into(self.dense_rows)
         self.losses.append(loss / batch.rows)
 
     def train(self, dataset: SparseDataset) -> None:

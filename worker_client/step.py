@@ -108,9 +108,17 @@ class Step(abc.ABC):
         self.settle_dense()
         with self.timer("dense_pull"):  # all-reduce: a copy of the replica
             dense = xp.asarray(self.dense.values())
-        with self.timer("compute"):
+        batch_sum = self.dense.batch_sum(plan.iteration)
+        if batch_sum is None and self.model.reductions_per_step and self.job.workers > 1:
+            raise FailedPrecondition(
+                "batch normalization needs the batch statistics' all-reduce among the "
+                "workers: train with --dense-sync allreduce"
+            )
+        # compute, less the batch-norm statistics' waits for the other workers (peer_wait)
+        waited, started = self.dense.statistics_wait_seconds, time.perf_counter()
+        try:
             emb = self.cache.gather(slots)
-            return self.model.forward_backward(
+            out = self.model.forward_backward(
                 dense,
                 emb,
                 xp.asarray(mb.field_rows),
@@ -118,7 +126,13 @@ class Step(abc.ABC):
                 xp.asarray(mb.labels),
                 loss_scale=float(self.job.global_batch),
                 sample_ids=sample_ids,
+                batch_sum=batch_sum,
             )
+        finally:
+            self.timer.add_blocked("compute", time.perf_counter() - started,
+                                   self.dense.statistics_wait_seconds - waited)  # fmt: skip
+        self.dense.hold_running(out.running)  # written over this gradient's update
+        return out.loss_sum, out.emb_grad, out.dense_grad
 
     def push_dense(self, dense_grad: Any, iteration: int, final: bool = False) -> None:
         """Hand the dense gradient to the dense sync (all-reduce and apply, or push); an

@@ -7,7 +7,8 @@ Phases (seconds, per iteration):
   ``ReportDone`` instead, which the scheduler says (``commit_wait_seconds``) and is counted here;
 - ``pull``: embedding pulls (HET's version checks too);
 - ``dense_pull``: the dense table from the PS (``--dense-sync ps`` only);
-- ``compute``: the model's forward and backward pass;
+- ``compute``: the model's forward and backward pass (with batch normalization, less its
+  statistics' waits for the other workers, which are ``peer_wait``);
 - ``optimizer``: the optimizer applied in the cache (rows this worker owns, HET's local steps);
 - ``push``: embedding gradient pushes (HET); in the plan modes, blocked on all sends of the
   iteration, which leave together: gradients, write-backs (final flush included) and the dense
@@ -20,6 +21,8 @@ Phases (seconds, per iteration):
 - ``peer_wait``: the all-reduce waiting for the other workers' parts. The all-reduce is a
   barrier among workers, so a worker that finished first waits here (as it waits in
   ``plan_wait`` under ``--dense-sync ps``); the transfer of the peers' parts is in here too;
+  so are batch normalization's statistics exchanges (two per hidden layer, inside the forward
+  and backward pass: each is a barrier too);
 - ``report``: the ``ReportDone`` call (for the last reporter, the commit on every shard), less
   its wait for the commit.
 

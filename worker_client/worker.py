@@ -35,7 +35,14 @@ from heraldps.security import ClientSecurity, ServerSecurity, open_channel
 from heraldps.serving import channel_options, keepalive_options
 from heraldps.tls import TlsFiles
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
-from worker_client.collective import AllReduce, Mailbox, serve_collective
+from worker_client.collective import (
+    DENSE_STREAM,
+    STATISTICS_STREAM,
+    AllReduce,
+    BatchSums,
+    Mailbox,
+    serve_collective,
+)
 from worker_client.dense_sync import AllReduceDense, DenseSync
 from worker_client.device import array_module
 from worker_client.het_step import HETStep
@@ -101,10 +108,18 @@ class DenseAllReduceSetup:
     """The all-reduce server a worker starts before it registers, and the sync built on it."""
 
     def __init__(self, config: WorkerConfig, job: TrainingJob) -> None:
-        self.param = job.dense_parameter(job.model().dense_size)
+        model = job.model()
+        self.param = job.dense_parameter(model.dense_size)
         self.mailbox = Mailbox(config.worker_id, job.workers, self.param.size)
+        mailboxes = {DENSE_STREAM: self.mailbox}
+        # Batch norm: its statistics' all-reduce, sized for the model's largest reduction.
+        self.statistics_size, self.reductions = model.max_reduction, model.reductions_per_step
+        if self.reductions:
+            mailboxes[STATISTICS_STREAM] = Mailbox(config.worker_id, job.workers,
+                                                   self.statistics_size)  # fmt: skip
+        self.mailboxes = mailboxes
         server_security, self.peer_security = config.collective_security()
-        self.server, port = serve_collective(self.mailbox, config.bind_host,
+        self.server, port = serve_collective(mailboxes, config.bind_host,
                                              config.collective_port, ALLREDUCE_MESSAGE_BYTES,
                                              server_security)  # fmt: skip
         self.address = f"{config.advertise_host}:{port}"
@@ -132,8 +147,15 @@ class DenseAllReduceSetup:
         all_reduce = AllReduce(config.worker_id, peers, self.param.size, self.mailbox,
                                config.timeout_seconds, ALLREDUCE_MESSAGE_BYTES,
                                self.peer_security)  # fmt: skip
+        batch_sums = None
+        if self.reductions:
+            statistics = AllReduce(config.worker_id, peers, self.statistics_size,
+                                   self.mailboxes[STATISTICS_STREAM], config.timeout_seconds,
+                                   ALLREDUCE_MESSAGE_BYTES, self.peer_security,
+                                   stream=STATISTICS_STREAM, exchange=True)  # fmt: skip
+            batch_sums = BatchSums(statistics, self.reductions)
         return AllReduceDense(ps, self.param, job.dense_optimizer(), all_reduce,
-                              job.dense_checkpoint_every)  # fmt: skip
+                              job.dense_checkpoint_every, batch_sums)  # fmt: skip
 
     def stop(self) -> None:
         self.server.stop(grace=1.0)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cheraldps/v1/collective.proto\x12\x0bheraldps.v1\"\\\n\x0e\x43ollectivePart\x12\r\n\x05round\x18\x01 \x01(\x03\x12\r\n\x05phase\x18\x02 \x01(\x05\x12\x0e\n\x06sender\x18\x03 \x01(\x05\x12\x0c\n\x04part\x18\x04 \x01(\x05\x12\x0e\n\x06values\x18\x05 \x01(\x0c\"\x11\n\x0f\x44\x65liverResponse2R\n\nCollective\x12\x44\n\x07\x44\x65liver\x12\x1b.heraldps.v1.CollectivePart\x1a\x1c.heraldps.v1.DeliverResponseB\x12\n\x0eio.heraldps.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cheraldps/v1/collective.proto\x12\x0bheraldps.v1\"l\n\x0e\x43ollectivePart\x12\r\n\x05round\x18\x01 \x01(\x03\x12\r\n\x05phase\x18\x02 \x01(\x05\x12\x0e\n\x06sender\x18\x03 \x01(\x05\x12\x0c\n\x04part\x18\x04 \x01(\x05\x12\x0e\n\x06values\x18\x05 \x01(\x0c\x12\x0e\n\x06stream\x18\x06 \x01(\x05\"\x11\n\x0f\x44\x65liverResponse2R\n\nCollective\x12\x44\n\x07\x44\x65liver\x12\x1b.heraldps.v1.CollectivePart\x1a\x1c.heraldps.v1.DeliverResponseB\x12\n\x0eio.heraldps.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\016io.heraldps.v1P\001'
   _globals['_COLLECTIVEPART']._serialized_start=45
-  _globals['_COLLECTIVEPART']._serialized_end=137
-  _globals['_DELIVERRESPONSE']._serialized_start=139
-  _globals['_DELIVERRESPONSE']._serialized_end=156
-  _globals['_COLLECTIVE']._serialized_start=158
-  _globals['_COLLECTIVE']._serialized_end=240
+  _globals['_COLLECTIVEPART']._serialized_end=153
+  _globals['_DELIVERRESPONSE']._serialized_start=155
+  _globals['_DELIVERRESPONSE']._serialized_end=172
+  _globals['_COLLECTIVE']._serialized_start=174
+  _globals['_COLLECTIVE']._serialized_end=256
 # @@protoc_insertion_point(module_scope)

@@ -33,14 +33,25 @@ class CollectivePart(_message.Message):
     SENDER_FIELD_NUMBER: _builtins.int
     PART_FIELD_NUMBER: _builtins.int
     VALUES_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
     round: _builtins.int
-    """The all-reduce's sequence number (the training iteration)."""
+    """The all-reduce's sequence number within its stream (the training iteration for
+    the dense gradient).
+    """
     phase: _builtins.int
-    """0: reduce-scatter (a gradient part for its owner); 1: all-gather (a summed part)."""
+    """0: reduce-scatter (a gradient part for its owner); 1: all-gather (a summed part);
+    2: exchange (a whole vector for every peer, which adds the N in worker order: the
+    one-round all-reduce of small vectors, batch-norm statistics).
+    """
     sender: _builtins.int
     part: _builtins.int
     values: _builtins.bytes
     """Little-endian float32 values of the part."""
+    stream: _builtins.int
+    """Which all-reduce of the worker this part belongs to, each with its own rounds:
+    0 (the default): the dense gradient's, one round per iteration; 1: the batch-norm
+    statistics', rounds numbered iteration x reductions per step + the step's reduction.
+    """
     def __init__(
         self,
         *,
@@ -49,10 +60,11 @@ class CollectivePart(_message.Message):
         sender: _builtins.int = ...,
         part: _builtins.int = ...,
         values: _builtins.bytes = ...,
+        stream: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["part", b"part", "phase", b"phase", "round", b"round", "sender", b"sender", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["part", b"part", "phase", b"phase", "round", b"round", "sender", b"sender", "stream", b"stream", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

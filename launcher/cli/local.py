@@ -90,6 +90,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="dropout rate of the MLP hidden layers in training, in [0, 1) (0: off)",
     )  # fmt: skip
     p.add_argument(
+        "--batch-norm", action="store_true",
+        help="batch normalization of every MLP hidden layer, with the global batch's "
+        "statistics (needs --dense-sync allreduce; auto picks it)",
+    )  # fmt: skip
+    p.add_argument(
         "--policy", default="lru", choices=("lru", "lfu"), help="HET cache eviction policy"
     )
     p.add_argument(
@@ -103,8 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=("auto", "allreduce", "ps"),
         help="dense (MLP) parameters: all-reduced among workers, or through the PS; auto: "
-        "all-reduce with --link-mbit, the PS on loopback (where bytes are free and the "
-        "all-reduce's extra RPCs only cost CPU: 10%% slower on 2 cores)",
+        "all-reduce with --link-mbit or --batch-norm, the PS on loopback (where bytes are "
+        "free and the all-reduce's extra RPCs only cost CPU: 10%% slower on 2 cores)",
     )
     p.add_argument(
         "--dense-checkpoint-every",
@@ -227,10 +232,11 @@ def check_export(export: str | None, modes: list[str]) -> None:
 
 
 def dense_sync_of(args: argparse.Namespace) -> str:
-    """``--dense-sync``, with ``auto`` resolved: the all-reduce where the network is real."""
+    """``--dense-sync``, with ``auto`` resolved: the all-reduce where the network is real,
+    or where batch normalization needs it to sum its statistics."""
     if args.dense_sync != "auto":
         return str(args.dense_sync)
-    return "allreduce" if args.link_mbit is not None else "ps"
+    return "allreduce" if args.link_mbit is not None or args.batch_norm else "ps"
 
 
 def check_network(link_mbit: float | None, ps_link_mbit: float | None) -> None:
@@ -352,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
         iterations=args.iterations, epochs=args.epochs, optimizer=args.optimizer, lr=args.lr,
         embedding_dim=args.embedding_dim, staleness=args.staleness, policy=args.policy,
         hidden=args.hidden_layers, activation=args.activation, dropout=args.dropout,
+        batch_norm=args.batch_norm,
         device=args.device, dense_sync=dense_sync_of(args),
         dense_checkpoint_every=args.dense_checkpoint_every,
         embedding_l2=args.embedding_l2,

@@ -100,6 +100,11 @@ def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:
         (["--activation", "gelu"], "argument --activation: invalid choice: 'gelu'"),
         (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),
         (
+            ["--batch-norm", "--dense-sync", "ps"],
+            "--batch-norm needs the workers' dense all-reduce, which also sums the batch "
+            "statistics: use --dense-sync allreduce (or auto) instead of --dense-sync ps",
+        ),
+        (
             ["--worker-timeout", "-1"],
             "argument --worker-timeout: must be a finite number >= 0, got -1",
         ),

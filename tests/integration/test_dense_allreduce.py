@@ -9,6 +9,7 @@ gradients equals what the PS path (push, commit) stores, bit for bit.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,11 +17,20 @@ import grpc
 import numpy as np
 import pytest
 
-from heraldps.errors import DeadlineExceeded, HeraldError, Unavailable
+from heraldps.errors import DeadlineExceeded, FailedPrecondition, HeraldError, Unavailable
+from heraldps.model import RunningStats
 from heraldps.optim import SGD, AdaGrad, Adam, Optimizer
 from heraldps.v1 import collective_pb2, collective_pb2_grpc
 from tests.conftest import ClusterFactory
-from worker_client.collective import AllReduce, Mailbox, part_edges, serve_collective
+from worker_client.collective import (
+    DENSE_STREAM,
+    STATISTICS_STREAM,
+    AllReduce,
+    BatchSums,
+    Mailbox,
+    part_edges,
+    serve_collective,
+)
 from worker_client.dense_sync import AllReduceDense
 
 MB = 2**20
@@ -84,6 +94,17 @@ def test_every_worker_gets_the_same_bits_the_sum_in_worker_order(
         for out in outputs:
             assert isinstance(out, np.ndarray), out
             assert out.tobytes() == expected.tobytes()
+
+
+def update_all(replicas: list[AllReduceDense], grads: list[np.ndarray], t: int,
+               final: bool = False) -> None:  # fmt: skip
+    """Every replica's ``update`` at once (each blocks until its peers deliver)."""
+    threads = [threading.Thread(target=r.update, args=(g, t, final))
+               for r, g in zip(replicas, grads, strict=True)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
 
 
 def test_bytes_per_worker_are_those_of_a_ring_all_reduce(
@@ -172,14 +193,7 @@ def test_replicas_equal_each_other_and_the_ps_path(
     rng = np.random.default_rng(1)
     for t in range(4):
         grads = [rng.standard_normal(size).astype(np.float32) for _ in range(2)]
-        threads = [
-            threading.Thread(target=replicas[w].update, args=(grads[w], t, t == 3))
-            for w in range(2)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        update_all(replicas, grads, t, final=t == 3)
         for w in range(2):  # worker order, as the all-reduce adds them
             ps.push_dense_gradients(through_ps, grads[w], t)
         ps.commit(t)
@@ -212,15 +226,114 @@ def test_started_updates_run_in_the_background_and_settle_to_the_same_replicas(
         assert all(r.overlaps(final=False) and not r.overlaps(final=True) for r in started)
         for w in range(2):  # one thread: worker 0's call must not wait for worker 1
             started[w].start_update(grads[w], t, False)
-        threads = [threading.Thread(target=waited[w].update, args=(grads[w], t, False))
-                   for w in range(2)]  # fmt: skip
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        update_all(waited, grads, t)
         values = [r.values() for r in started]  # settles
         assert values[0].tobytes() == values[1].tobytes() == waited[0].values().tobytes()
     lonely = AllReduceDense(ps, param, optimizer, ring(2, size, timeout=1.0)[0], 0)
     lonely.start_update(np.ones(size, np.float32), 0, False)
     with pytest.raises(DeadlineExceeded):
         lonely.settle()
+
+
+def test_batch_statistics_and_dense_gradients_share_the_server_without_meeting() -> None:
+    """Stream 1 (batch-norm statistics, several rounds per iteration, shorter vectors padded,
+    each a one-round exchange of whole vectors) and stream 0 (the dense gradient, round =
+    iteration) on one Collective server per worker: every worker gets the worker-order sum of
+    each, the same bits, while the workers run skewed; a part for a stream a worker does not
+    run is refused."""
+    n, size, stats_size, per_step = 3, 50, 9, 4
+    dense_boxes = [Mailbox(w, n, size) for w in range(n)]
+    stats_boxes = [Mailbox(w, n, stats_size) for w in range(n)]
+    servers, ports = [], []
+    for w in range(n):
+        server, port = serve_collective({DENSE_STREAM: dense_boxes[w],
+                                         STATISTICS_STREAM: stats_boxes[w]},
+                                        "127.0.0.1", 0, 4 * MB)  # fmt: skip
+        servers.append(server)
+        ports.append(port)
+    peers = [f"127.0.0.1:{p}" for p in ports]
+    dense = [AllReduce(w, peers, size, dense_boxes[w], 10.0, 4 * MB) for w in range(n)]
+    sums = [BatchSums(AllReduce(w, peers, stats_size, stats_boxes[w], 10.0, 4 * MB,
+                                stream=STATISTICS_STREAM, exchange=True), per_step)
+            for w in range(n)]  # fmt: skip
+    rng = np.random.default_rng(3)
+    lengths = [9, 8, 8, 9]  # forward [count, sum, sum sq], backward [sum, sum]: padded to 9
+    inputs = [[[rng.standard_normal(k).astype(np.float32) for k in lengths]
+               for _ in range(n)] for _ in range(3)]  # fmt: skip
+    grads = [[rng.standard_normal(size).astype(np.float32) for _ in range(n)] for _ in range(3)]
+    got: list[list[Any]] = [[] for _ in range(n)]
+
+    def worker(w: int) -> None:
+        for t in range(3):
+            batch_sum = sums[w].for_iteration(t)
+            for k in range(per_step):
+                time.sleep(0.01 * ((w + k + t) % 3))  # the workers drift apart
+                got[w].append(batch_sum(inputs[t][w][k]))
+            got[w].append(dense[w].sum(grads[t][w], t))
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    expected = []
+    for t in range(3):
+        for k in range(per_step):
+            total = inputs[t][0][k].copy()
+            for w in range(1, n):
+                total += inputs[t][w][k]
+            expected.append(total)
+        total = grads[t][0].copy()
+        for w in range(1, n):
+            total += grads[t][w]
+        expected.append(total)
+    for w in range(n):
+        assert len(got[w]) == len(expected), w
+        for out, want in zip(got[w], expected, strict=True):
+            assert out.tobytes() == want.tobytes()
+    lone = BatchSums(AllReduce(0, peers[:1], stats_size, Mailbox(0, 1, stats_size), 1.0, MB,
+                               stream=STATISTICS_STREAM), per_step)  # fmt: skip
+    batch_sum = lone.for_iteration(9)
+    for _ in range(per_step):
+        batch_sum(np.ones(2, np.float32))
+    with pytest.raises(FailedPrecondition, match="a step makes 4"):
+        batch_sum(np.ones(2, np.float32))  # one reduction more than a step makes
+    with pytest.raises(grpc.RpcError) as err:
+        deliver(ports[0], round=0, phase=0, sender=1, part=0, stream=7,
+                values=np.zeros(3, "<f4").tobytes())  # fmt: skip
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for member in [*dense, *sums]:
+        member.close()
+    for server in servers:
+        server.stop(grace=0)
+
+
+def test_running_statistics_are_written_over_the_update(
+    cluster: ClusterFactory, ring: Callable[..., list[AllReduce]]
+) -> None:
+    """Batch norm's running statistics take no gradient and are not trained: each replica
+    writes the step's new values over its update, so weight decay never moves them and the
+    replicas stay equal; the other entries are updated as without them."""
+    _, ps = cluster(1)
+    size, optimizer = 300, Adam(lr=0.01, l2=0.1)
+    initial = np.linspace(-1, 1, size, dtype=np.float32)
+    param = ps.create_dense("dense", size, optimizer, initial=initial)
+    with_stats = [AllReduceDense(ps, param, optimizer, m, 0) for m in ring(2, size)]
+    without = [AllReduceDense(ps, param, optimizer, m, 0) for m in ring(2, size)]
+    positions = np.array([3, 4, 260, 299], np.int64)
+    for t in range(3):
+        grads = [np.ones(size, np.float32) for _ in range(2)]
+        for g in grads:
+            g[positions] = 0.0  # as the model's gradient of a running statistic
+        running = RunningStats(positions, np.full(4, 0.5 + t, np.float32))
+        for replicas in (with_stats, without):
+            if replicas is with_stats:
+                for r in replicas:
+                    r.hold_running(running)
+            update_all(replicas, grads, t)
+        rows = [r.values() for r in with_stats]
+        assert rows[0].tobytes() == rows[1].tobytes()
+        assert rows[0][positions].tolist() == [0.5 + t] * 4
+        others = np.setdiff1d(np.arange(size), positions)
+        assert rows[0][others].tobytes() == without[0].values()[others].tobytes()
+        assert not np.allclose(without[0].values()[positions], initial[positions])  # decayed

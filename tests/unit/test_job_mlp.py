@@ -1,9 +1,10 @@
-"""The job's MLP fields (hidden layers, activation, dropout): checked, carried to every
+"""The job's MLP fields (hidden layers, activation, dropout, batch norm): checked, carried to every
 process in the job JSON, part of the job's fingerprint, and the model they build."""
 
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,7 @@ from heraldps.errors import InvalidArgument
 from heraldps.job import TrainingJob
 
 TRAIN, _ = bundled_data()
-DEEP = {"hidden": (400, 400, 400), "activation": "leaky_relu", "dropout": 0.2}
+DEEP = {"hidden": (400, 400, 400), "activation": "leaky_relu", "dropout": 0.2, "batch_norm": True}
 
 
 def test_the_mlp_fields_travel_in_the_job_json() -> None:
@@ -22,10 +23,26 @@ def test_the_mlp_fields_travel_in_the_job_json() -> None:
     assert TrainingJob.from_json(job.to_json()) == job
     plain = TrainingJob(data=str(TRAIN))
     assert (plain.hidden, plain.activation, plain.dropout) == ((64, 32), "relu", 0.0)
+    assert not plain.batch_norm
     variants = (plain, job, replace(plain, hidden=(64,)), replace(plain, activation="tanh"),
-                replace(plain, dropout=0.1))  # fmt: skip
+                replace(plain, dropout=0.1), replace(plain, batch_norm=True))  # fmt: skip
     prints = {checkpoints.fingerprint(j.to_json(), "herald") for j in variants}
-    assert len(prints) == 5  # a checkpoint of one MLP is never resumed as another
+    assert len(prints) == 6  # a checkpoint of one MLP is never resumed as another
+
+
+def test_a_job_written_before_batch_norm_loads_without_it() -> None:
+    """Exports and checkpoints made before the field existed: batch_norm absent is off."""
+    raw = json.loads(TrainingJob(data=str(TRAIN)).to_json())
+    del raw["batch_norm"]
+    old = TrainingJob.from_json(json.dumps(raw))
+    assert not old.batch_norm and not old.model().config.batch_norm
+
+
+def test_batch_norm_extends_the_dense_layout() -> None:
+    plain = TrainingJob(data=str(TRAIN), hidden=(400, 400, 400))
+    normed = replace(plain, batch_norm=True)
+    assert normed.model().config.batch_norm
+    assert normed.model().dense_size == plain.model().dense_size + 4 * 1200
 
 
 def test_the_dense_layout_follows_the_layers() -> None:
@@ -43,6 +60,7 @@ def test_the_dense_layout_follows_the_layers() -> None:
         ({"hidden": (64, 0)}, "--hidden-layers widths must be >= 1, got 64,0"),
         ({"activation": "gelu"}, "--activation must be one of relu, leaky_relu, tanh, sigmoid"),
         ({"dropout": 1.0}, "--dropout must be in [0, 1), got 1.0"),
+        ({"batch_norm": True, "dense_sync": "ps"}, "use --dense-sync allreduce (or auto)"),
     ],
 )
 def test_bad_mlp_fields_name_the_flag(fields: dict[str, object], message: str) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from heraldps.dropout import dropout_mask
 from heraldps.errors import InvalidArgument
-from heraldps.model import DeepFM, ModelConfig, scatter_add
+from heraldps.model import DeepFM, Gradients, ModelConfig, scatter_add
 from worker_client.evaluation import auc, logloss
 
 F64 = npt.NDArray[np.float64]
@@ -28,6 +28,20 @@ ACTIVATIONS_64 = {
     "tanh": np.tanh,
     "sigmoid": lambda z: 1.0 / (1.0 + np.exp(-z)),
 }
+
+
+def layers64(config: ModelConfig, dense: F64) -> tuple[list[tuple[F64, F64]], int]:
+    """``(W, b)`` of every MLP layer read from the documented layout by hand, and the
+    offset after them."""
+    F, D, Nd = config.num_fields, config.embedding_dim, config.num_dense
+    widths = [F * D + Nd, *config.hidden, 1]
+    offset, layers = 0, []
+    for fan_in, fan_out in itertools.pairwise(widths):
+        W = dense[offset : offset + fan_in * fan_out].reshape(fan_in, fan_out)
+        offset += fan_in * fan_out
+        layers.append((W, dense[offset : offset + fan_out]))
+        offset += fan_out
+    return layers, offset
 
 
 def reference_logits(
@@ -46,13 +60,7 @@ def reference_logits(
     """
     act = ACTIVATIONS_64[config.activation]
     F, D, Nd = config.num_fields, config.embedding_dim, config.num_dense
-    widths = [F * D + Nd, *config.hidden, 1]
-    offset, layers = 0, []
-    for fan_in, fan_out in itertools.pairwise(widths):
-        W = dense[offset : offset + fan_in * fan_out].reshape(fan_in, fan_out)
-        offset += fan_in * fan_out
-        layers.append((W, dense[offset : offset + fan_out]))
-        offset += fan_out
+    layers, offset = layers64(config, dense)
     w_lin, bias = dense[offset : offset + Nd], dense[offset + Nd]
     assert offset + Nd + 1 == dense.shape[0]
     out = np.empty(field_rows.shape[0])
@@ -96,13 +104,25 @@ class Batch:
         self.dense_x = rng.normal(0, 1, (batch, Nd)).astype(np.float32)
         self.labels = rng.integers(0, 2, batch).astype(np.float32)
 
-    def run(
-        self, model: DeepFM, dense: Any, scale: float, sample_ids: Any = None
-    ) -> tuple[float, Any, Any]:
+    def run(self, model: DeepFM, dense: Any, scale: float, sample_ids: Any = None) -> Gradients:
         return model.forward_backward(
             dense, self.emb, self.field_rows, self.dense_x, self.labels, loss_scale=scale,
             sample_ids=sample_ids,
         )  # fmt: skip
+
+
+def numeric(param: F64, loss_of: Any, eps: float = 1e-6) -> F64:
+    """Central finite differences of ``loss_of()`` in every entry of ``param`` (in place)."""
+    grad = np.zeros_like(param)
+    for i in np.ndindex(param.shape):
+        saved = param[i]
+        param[i] = saved + eps
+        up = loss_of()
+        param[i] = saved - eps
+        down = loss_of()
+        param[i] = saved
+        grad[i] = (up - down) / (2 * eps)
+    return grad
 
 
 def random_dense(model: DeepFM, seed: int) -> npt.NDArray[np.float32]:
@@ -143,27 +163,13 @@ def test_gradients_match_finite_differences_of_a_float64_reference(
             for layer, width in enumerate(config.hidden)
         ]  # fmt: skip
         assert 0 < sum(int((m == 0).sum()) for m in masks) < sum(m.size for m in masks)
-    loss_sum, emb_grad, dense_grad = batch.run(model, dense, scale, ids)
+    loss_sum, emb_grad, dense_grad, _ = batch.run(model, dense, scale, ids)
     assert emb_grad.dtype == np.float32 and emb_grad.shape == batch.emb.shape
     assert dense_grad.dtype == np.float32 and dense_grad.shape == (model.dense_size,)
 
     d64, e64 = dense.astype(np.float64), batch.emb.astype(np.float64)
     expected = reference_loss(config, d64, e64, batch, scale, masks)
     assert loss_sum / scale == pytest.approx(expected, 1e-5)
-
-    eps = 1e-6
-
-    def numeric(param: F64, loss_of: Any) -> F64:
-        grad = np.zeros_like(param)
-        for i in np.ndindex(param.shape):
-            saved = param[i]
-            param[i] = saved + eps
-            up = loss_of()
-            param[i] = saved - eps
-            down = loss_of()
-            param[i] = saved
-            grad[i] = (up - down) / (2 * eps)
-        return grad
 
     def loss() -> float:
         return reference_loss(config, d64, e64, batch, scale, masks)
@@ -191,7 +197,7 @@ def test_missing_fields_behave_as_zero_embeddings_and_get_no_gradient() -> None:
     batch.field_rows[batch.field_rows == 0] = 1  # row 0 is used by no field at all
     batch.field_rows[0, 1] = -1
     dense = random_dense(model, 3)
-    loss, emb_grad, dense_grad = batch.run(model, dense, 8.0)
+    loss, emb_grad, dense_grad, _ = batch.run(model, dense, 8.0)
     assert np.all(emb_grad[0] == 0.0)
 
     # The same batch with each -1 pointing at an explicit zero row appended at the end;
@@ -200,7 +206,7 @@ def test_missing_fields_behave_as_zero_embeddings_and_get_no_gradient() -> None:
     zero.emb = np.vstack([batch.emb, np.zeros((1, 4), np.float32)])
     zero.field_rows = np.where(batch.field_rows < 0, 4, batch.field_rows)
     assert np.any(batch.emb[-1] != 0.0)
-    loss_z, emb_grad_z, dense_grad_z = zero.run(model, dense, 8.0)
+    loss_z, emb_grad_z, dense_grad_z, _ = zero.run(model, dense, 8.0)
     assert loss == pytest.approx(loss_z, rel=1e-6)
     np.testing.assert_allclose(emb_grad, emb_grad_z[:4], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(dense_grad, dense_grad_z, rtol=1e-5, atol=1e-7)
@@ -216,7 +222,7 @@ def test_every_field_missing_and_no_rows() -> None:
     field_rows = np.full((3, 3), -1, dtype=np.int64)
     emb = np.zeros((0, 4), np.float32)
     dense_x = np.ones((3, 2), np.float32)
-    loss, emb_grad, dense_grad = model.forward_backward(
+    loss, emb_grad, dense_grad, _ = model.forward_backward(
         model.init_dense(), emb, field_rows, dense_x, np.ones(3, np.float32), loss_scale=3.0
     )
     assert emb_grad.shape == (0, 4) and np.isfinite(loss) and np.all(np.isfinite(dense_grad))
@@ -228,7 +234,7 @@ def test_gradients_of_split_batches_add_up_to_the_full_batch(seed: int, split: i
     model = DeepFM(TINY)
     batch = Batch(TINY, batch=16, rows=6, seed=seed)
     dense = random_dense(model, seed)
-    loss, emb_grad, dense_grad = batch.run(model, dense, 16.0)
+    loss, emb_grad, dense_grad, _ = batch.run(model, dense, 16.0)
     parts = []
     for part in (slice(0, split), slice(split, 16)):
         half = Batch(TINY, batch=16, rows=6, seed=seed)
@@ -246,14 +252,14 @@ def test_fields_sharing_a_row_accumulate() -> None:
     batch.field_rows[:, 0] = 1
     batch.field_rows[:, 2] = 1  # every sample uses row 1 in two fields, and all samples share it
     dense = random_dense(model, 7)
-    loss, emb_grad, _ = batch.run(model, dense, 5.0)
+    loss, emb_grad, _, _ = batch.run(model, dense, 5.0)
 
     # Field 2 reading an identical copy of row 1 instead: the same function, split gradients.
     copy = Batch(TINY, batch=5, rows=3, seed=7, missing=0.0)
     copy.emb = np.vstack([batch.emb, batch.emb[1:2]])
     copy.field_rows = batch.field_rows.copy()
     copy.field_rows[:, 2] = 3
-    loss_c, emb_grad_c, _ = copy.run(model, dense, 5.0)
+    loss_c, emb_grad_c, _, _ = copy.run(model, dense, 5.0)
     assert loss == pytest.approx(loss_c, rel=1e-6)
     assert np.any(emb_grad_c[3] != 0.0)
     np.testing.assert_allclose(emb_grad[1], emb_grad_c[1] + emb_grad_c[3], rtol=1e-5, atol=1e-7)
@@ -288,7 +294,7 @@ def test_no_dense_features_and_no_hidden_layer() -> None:
     assert model.dense_size == 2 * 3 + 1 + 0 + 1
     batch = Batch(config, batch=4, rows=3, seed=2)
     dense = random_dense(model, 2)
-    loss, emb_grad, dense_grad = batch.run(model, dense, 4.0)
+    loss, emb_grad, dense_grad, _ = batch.run(model, dense, 4.0)
     ref = reference_loss(config, dense.astype(np.float64), batch.emb.astype(np.float64), batch, 4.0)
     assert loss / 4.0 == pytest.approx(ref, rel=1e-5)
     assert dense_grad.shape == (model.dense_size,) and emb_grad.dtype == np.float32
@@ -338,7 +344,7 @@ def test_the_device_path_gives_numpys_bits(config: ModelConfig) -> None:
         loss_scale=6.0, sample_ids=fakecupy.asarray(SAMPLE_IDS),
     )  # fmt: skip
     assert got[0] == expected[0]
-    for g, e in zip(got[1:], expected[1:], strict=True):
+    for g, e in zip(got[1:3], expected[1:3], strict=True):
         assert np.array_equal(fakecupy.asnumpy(g), e)
 
 
@@ -359,17 +365,17 @@ def test_a_samples_dropout_mask_does_not_depend_on_its_batch() -> None:
     batch = Batch(config, batch=12, rows=6, seed=4)
     dense = random_dense(model, 4)
     ids = np.arange(240, 252, dtype=np.int64)  # iteration 20 of a global batch of 12
-    _, _, whole_grad = batch.run(model, dense, 12.0, ids)
+    _, _, whole_grad, _ = batch.run(model, dense, 12.0, ids)
     for part in (np.arange(12) % 2 == 0, np.arange(12) < 3):  # two splits over two workers
         grads = []
         for rows in (part, ~part):
-            _, _, g = model.forward_backward(
+            _, _, g, _ = model.forward_backward(
                 dense, batch.emb, batch.field_rows[rows], batch.dense_x[rows],
                 batch.labels[rows], loss_scale=12.0, sample_ids=ids[rows],
             )  # fmt: skip
             grads.append(g)
         np.testing.assert_allclose(grads[0] + grads[1], whole_grad, rtol=1e-5, atol=1e-7)
-    _, _, undropped = DeepFM(replace(config, dropout=0.0)).forward_backward(
+    _, _, undropped, _ = DeepFM(replace(config, dropout=0.0)).forward_backward(
         dense, batch.emb, batch.field_rows, batch.dense_x, batch.labels, loss_scale=12.0
     )
     assert not np.allclose(undropped, whole_grad)  # dropout was on
@@ -400,7 +406,7 @@ def test_cupy_matches_numpy(config: ModelConfig) -> None:
         sample_ids=cupy.asarray(ids),
     )  # fmt: skip
     assert got[0] == pytest.approx(expected[0], rel=1e-5)
-    for g, e in zip(got[1:], expected[1:], strict=True):
+    for g, e in zip(got[1:3], expected[1:3], strict=True):
         assert g.dtype == np.float32
         np.testing.assert_allclose(cupy.asnumpy(g), e, rtol=1e-4, atol=1e-6)
 
@@ -425,7 +431,7 @@ def test_training_learns_a_separable_problem() -> None:
     lr = np.float32(0.1)
     for _ in range(300):
         rows, dense_x, labels = sample(64)
-        _, emb_grad, dense_grad = model.forward_backward(
+        _, emb_grad, dense_grad, _ = model.forward_backward(
             dense, emb, rows, dense_x, labels, loss_scale=64.0
         )
         emb -= lr * emb_grad
