@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.client import DenseParameter, PSClient
-from heraldps.optim import Optimizer
+from heraldps.optim import Optimizer, scaled
 from worker_client.collective import AllReduce
 from worker_client.sends import Sends
 
@@ -42,17 +42,20 @@ class DenseSync(abc.ABC):
         """The dense parameters to train iteration t with (after t-1's update)."""
 
     @abc.abstractmethod
-    def update(self, grad: Floats, iteration: int, final: bool) -> None:
-        """Apply this worker's share of iteration ``iteration``'s dense gradient."""
+    def update(self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0) -> None:
+        """Apply this worker's share of iteration ``iteration``'s dense gradient, with the
+        optimizer's lr times ``lr_scale`` (the iteration's plan's)."""
 
     def overlaps(self, final: bool) -> bool:
         """Whether :meth:`start_update` leaves the update running (here: never; a push to
         the PS must arrive before the iteration's commit, which applies it)."""
         return False
 
-    def start_update(self, grad: Floats, iteration: int, final: bool) -> None:
+    def start_update(
+        self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0
+    ) -> None:
         """Start the update; it may run on until :meth:`settle` (see :meth:`overlaps`)."""
-        self.update(grad, iteration, final)
+        self.update(grad, iteration, final, lr_scale)
 
     def settle(self) -> None:  # noqa: B027 (nothing runs on here)
         """Wait for a started update to finish; raise its error."""
@@ -74,7 +77,8 @@ class PSDense(DenseSync):
         self.bytes_moved += p.rows * (8 + 8 + 4 * p.row_width)
         return values
 
-    def update(self, grad: Floats, iteration: int, final: bool) -> None:
+    def update(self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0) -> None:
+        """Push the gradient; the PS applies it at the commit, which carries ``lr_scale``."""
         self.ps.push_dense_gradients(self.param, grad, iteration, self.worker)
         self.bytes_moved += self.param.rows * (8 + 4 * self.param.row_width)
 
@@ -130,21 +134,24 @@ class AllReduceDense(DenseSync):
         finishes (and is written to the PS) before the run ends."""
         return not final
 
-    def start_update(self, grad: Floats, iteration: int, final: bool) -> None:
+    def start_update(
+        self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0
+    ) -> None:
         self.settle()
         if not self.overlaps(final):
-            self.update(grad, iteration, final)
+            self.update(grad, iteration, final, lr_scale)
             return
-        self._pending = Sends.in_thread(self.update, grad, iteration, final)
+        self._pending = Sends.in_thread(self.update, grad, iteration, final, lr_scale)
 
     def settle(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
 
-    def update(self, grad: Floats, iteration: int, final: bool) -> None:
+    def update(self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0) -> None:
         total = self.all_reduce.sum(np.asarray(grad, dtype=np.float32), iteration)
-        self.optimizer.apply(self._replica(), self._state, self.param.to_rows(total))
+        optimizer = scaled(self.optimizer, lr_scale)
+        optimizer.apply(self._replica(), self._state, self.param.to_rows(total))
         self._versions += 1  # one commit's worth, as the PS would count it
         due = self.checkpoint_every > 0 and (iteration + 1) % self.checkpoint_every == 0
         if self.all_reduce.rank == 0 and (final or due):
