@@ -84,6 +84,8 @@ class Barrier:
         self._done: dict[int, set[int]] = {}
         self._loss: dict[int, tuple[float, int]] = {}
         self.last_loss = float("nan")
+        self.loss_sum_committed = 0.0  # loss over every sample of every committed iteration
+        self.loss_samples_committed = 0
         self._samples: dict[int, int] = {}  # samples of each uncommitted batch
         self.samples_committed = 0  # samples of every committed batch (the data position)
         self.failure: RunAborted | None = None
@@ -271,6 +273,8 @@ class Barrier:
             self.samples_committed += self._samples.pop(iteration, 0)
             loss, count = self._loss.pop(iteration)
             self.last_loss = loss / count if count else float("nan")
+            self.loss_sum_committed += loss
+            self.loss_samples_committed += count
             del self._plans[iteration]
             del self._done[iteration]
             self._since = self._committing_since = None

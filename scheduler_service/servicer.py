@@ -265,4 +265,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             finished=b.finished,
             reported=self.reported.to_proto(),
             last_loss=b.last_loss,
+            committed_loss_sum=b.loss_sum_committed,
+            committed_samples=b.loss_samples_committed,
         )

@@ -546,6 +546,8 @@ class SchedulerStatus(_message.Message):
     FINISHED_FIELD_NUMBER: _builtins.int
     REPORTED_FIELD_NUMBER: _builtins.int
     LAST_LOSS_FIELD_NUMBER: _builtins.int
+    COMMITTED_LOSS_SUM_FIELD_NUMBER: _builtins.int
+    COMMITTED_SAMPLES_FIELD_NUMBER: _builtins.int
     num_workers: _builtins.int
     committed_iteration: _builtins.int
     """-1 before the first commit."""
@@ -556,6 +558,12 @@ class SchedulerStatus(_message.Message):
     finished: _builtins.bool
     last_loss: _builtins.float
     """Mean training loss of the last committed iteration (NaN before any)."""
+    committed_loss_sum: _builtins.float
+    """Sum of the training loss over every sample of every iteration committed by
+    this scheduler, and those samples: a client's mean over a span of
+    iterations (an epoch) is the difference of two readings of each.
+    """
+    committed_samples: _builtins.int
     @_builtins.property
     def registered_workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -573,10 +581,12 @@ class SchedulerStatus(_message.Message):
         finished: _builtins.bool = ...,
         reported: Global___TrafficCounters | None = ...,
         last_loss: _builtins.float = ...,
+        committed_loss_sum: _builtins.float = ...,
+        committed_samples: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["reported", b"reported"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "committed_iteration", b"committed_iteration", "finished", b"finished", "last_loss", b"last_loss", "next_batch_iteration", b"next_batch_iteration", "num_workers", b"num_workers", "registered_workers", b"registered_workers", "reported", b"reported"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "committed_iteration", b"committed_iteration", "committed_loss_sum", b"committed_loss_sum", "committed_samples", b"committed_samples", "finished", b"finished", "last_loss", b"last_loss", "next_batch_iteration", b"next_batch_iteration", "num_workers", b"num_workers", "registered_workers", b"registered_workers", "reported", b"reported"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
