@@ -151,8 +151,17 @@ def run_feed(config: FeedConfig) -> None:
     """Feed the job to the cluster and wait for the last commit; FeedError on failure."""
     if not config.ps:
         raise FeedError("--ps needs the PS shard addresses, comma-separated, in shard order")
-    job = TrainingJob.load(config.job)
+    job = TrainingJob.load(config.job)  # a job.json or a job file (heraldps.job_file)
     check(job.data_spec())  # a wrong column or format fails here, before any batch is sent
+    if job.data_spec().needs_stats():  # a job file's standardize/minmax: a first pass
+        from dataclasses import replace
+
+        from heraldps.data import scan
+
+        log.info("reading %s once for the dense statistics its transforms need", job.data)
+        profile = scan(job.data_spec())
+        stats = tuple(s.to_dict() for s in profile.dense_stats)
+        job = replace(job, dense_stats=stats, train_rows=profile.rows)
     metrics = FeedMetrics()
     if config.metrics_port is not None:
         serve_metrics(config.metrics_port, config.metrics_host, metrics.registry, "the feed")
