@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,8 @@ class Trainer:
         self.epochs: list[Epoch] = []
         self.best_epoch = 0
         self.traffic: dict[str, int] = {}
+        self.stop = threading.Event()  # set: the feeding thread stops submitting
+        self.feeder = ThreadPoolExecutor(1, thread_name_prefix="feeder")
 
     # ----- the cluster ---------------------------------------------------------------
     def _start(self) -> tuple[PSClient, ManagedProcess, list[ManagedProcess]]:
@@ -184,7 +188,9 @@ class Trainer:
             self._wait_exit(stub_address=scheduler.address, servers=servers, workers=workers)
             ps.close()
         finally:
+            self.stop.set()
             stop_all(self.processes[::-1])
+            self.feeder.shutdown(wait=True)
         self.traffic = self._traffic()
         test_auc, test_logloss = self._test()
         report = self._report(time.perf_counter() - started, test_auc, test_logloss)
@@ -209,9 +215,15 @@ class Trainer:
             batches = global_batches(self.data.train.take(order), job.global_batch, None, 1)
             last = t + len(batches) - 1
             before = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
-            submit_batches(stub, batches, start=t, lr_scales=[scale] * (last + 1),
-                           flush={last}, finish=False, patience=600.0)  # fmt: skip
-            status = self._wait_committed(stub, last, scheduler, servers, workers)
+            scales = [scale] * (last + 1)
+            feeding = self.feeder.submit(submit_batches, stub, batches, start=t, stop=self.stop,
+                                         lr_scales=scales, flush={last}, finish=False)  # fmt: skip
+            try:
+                status = self._wait_committed(stub, last, scheduler, servers, workers, feeding)
+            except BaseException:
+                self.stop.set()  # the feeding thread gives up at its next retry
+                raise
+            feeding.result()
             seconds = time.perf_counter() - began
             samples = status.committed_samples - before.committed_samples
             loss = (status.committed_loss_sum - before.committed_loss_sum) / max(samples, 1)
@@ -260,13 +272,17 @@ class Trainer:
         scheduler: ManagedProcess,
         servers: list[ManagedProcess],
         workers: list[ManagedProcess],
+        feeding: Future[bool],
     ) -> scheduler_pb2.SchedulerStatus:
-        """Poll until ``last`` is committed; a process that dies fails the run with its log."""
+        """Poll until ``last`` is committed while ``feeding`` submits the batches; a process
+        that dies, or the feeding's error, fails the run with its log."""
         while True:
             status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
             if status.committed_iteration >= last:
                 return status
             _raise_if_died(stub, scheduler, servers, workers, self.jf.cluster.mode, 5.0)
+            if feeding.done() and feeding.exception() is not None:
+                feeding.result()
             time.sleep(0.02)
 
     def _wait_exit(
