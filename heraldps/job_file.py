@@ -95,8 +95,8 @@ def read(path: str | Path) -> dict[str, Any]:
     where = Path(path)
     try:
         raw = yaml.safe_load(where.read_text())
-    except FileNotFoundError:
-        raise InvalidArgument(f"job file {where}: no such file") from None
+    except FileNotFoundError:  # an OSError, as reading a job.json always raised
+        raise FileNotFoundError(f"job file {where}: no such file") from None
     except yaml.YAMLError as exc:
         raise InvalidArgument(f"job file {where}: not valid YAML or JSON ({exc})") from None
     if not isinstance(raw, dict):
