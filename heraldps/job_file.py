@@ -26,6 +26,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "optimizer": ("name", "lr", "embedding_l2", "weight_decay"),
     "schedule": (
         "max_epochs", "monitor", "patience", "lr_decay", "lr_patience", "seed", "shuffle",
+        "eval_every",
     ),
     "cluster": (
         "mode", "workers", "batch_size_per_worker", "shards", "store", "cache_gb",
@@ -62,6 +63,7 @@ class Schedule:
     lr_patience: int = 1
     seed: int = 0
     shuffle: bool = True  # a new order of the training rows every epoch (by seed, epoch)
+    eval_every: int = 0  # also validate every this many iterations within an epoch (0: off)
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,8 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> JobFile:
         raise InvalidArgument(f"schedule.monitor must be one of {', '.join(MONITORS)}")
     if schedule.max_epochs < 1 or schedule.patience < 1 or schedule.lr_patience < 1:
         raise InvalidArgument("schedule.max_epochs, patience and lr_patience must be >= 1")
+    if schedule.eval_every < 0:
+        raise InvalidArgument("schedule.eval_every must be >= 0 iterations (0: off)")
     if not 0 < schedule.lr_decay <= 1:
         raise InvalidArgument(f"schedule.lr_decay must be in (0, 1] (1: off), got "
                               f"{schedule.lr_decay}")  # fmt: skip

@@ -144,6 +144,7 @@ class Trainer:
         self.epochs: list[Epoch] = []
         self.best_epoch = 0
         self.traffic: dict[str, int] = {}
+        self.evals: list[dict[str, float]] = []  # validations within epochs (eval_every)
         self.stop = threading.Event()  # set: the feeding thread stops submitting
         self.feeder = ThreadPoolExecutor(1, thread_name_prefix="feeder")
 
@@ -210,21 +211,29 @@ class Trainer:
         base_lr = job.make_optimizer().lr
         scale, best, since_best, since_decay, t = 1.0, None, 0, 0, 0
         for epoch in range(1, sched.max_epochs + 1):
-            began = time.perf_counter()
             order = epoch_order(self.data.train.rows, sched.seed, epoch, sched.shuffle)
             batches = global_batches(self.data.train.take(order), job.global_batch, None, 1)
-            last = t + len(batches) - 1
             before = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
-            scales = [scale] * (last + 1)
-            feeding = self.feeder.submit(submit_batches, stub, batches, start=t, stop=self.stop,
-                                         lr_scales=scales, flush={last}, finish=False)  # fmt: skip
-            try:
-                status = self._wait_committed(stub, last, scheduler, servers, workers, feeding)
-            except BaseException:
-                self.stop.set()  # the feeding thread gives up at its next retry
-                raise
-            feeding.result()
-            seconds = time.perf_counter() - began
+            seconds = 0.0
+            every = sched.eval_every or len(batches)
+            for first in range(0, len(batches), every):  # spans of eval_every iterations
+                span = batches[first : first + every]
+                began = time.perf_counter()
+                status = self._feed(stub, span, t, scale, scheduler, servers, workers)
+                seconds += time.perf_counter() - began
+                t += len(span)
+                if first + len(span) < len(batches) and self.data.valid is not None:
+                    auc_now, logloss_now = evaluate(job, self.data.valid, ps)
+                    self.evals.append(
+                        {
+                            "epoch": epoch,
+                            "iteration": t - 1,
+                            "valid_auc": auc_now,
+                            "valid_logloss": logloss_now,
+                        }
+                    )
+                    self.say(f"  iteration {t - 1}: valid AUC {auc_now:.6f}, logloss "
+                             f"{logloss_now:.6f}")  # fmt: skip
             samples = status.committed_samples - before.committed_samples
             loss = (status.committed_loss_sum - before.committed_loss_sum) / max(samples, 1)
             valid_auc = valid_logloss = float("nan")
@@ -238,7 +247,6 @@ class Trainer:
                            len(batches) * job.global_batch / max(seconds, 1e-9), seconds,
                            improved)  # fmt: skip
             self.epochs.append(record)
-            t = last + 1
             if improved:
                 best, self.best_epoch, since_best, since_decay = value, epoch, 0, 0
                 self._export_best(ps, record)
@@ -255,6 +263,31 @@ class Trainer:
                          f"{sched.monitor} (patience {sched.patience}); best epoch "
                          f"{self.best_epoch}")  # fmt: skip
                 return
+
+    def _feed(
+        self,
+        stub: scheduler_pb2_grpc.SchedulerStub,
+        batches: list[SparseDataset],
+        start: int,
+        scale: float,
+        scheduler: ManagedProcess,
+        servers: list[ManagedProcess],
+        workers: list[ManagedProcess],
+    ) -> scheduler_pb2.SchedulerStatus:
+        """Feed ``batches`` as iterations ``start``, ... with learning-rate multiplier
+        ``scale``, the last one flushed, and wait for its commit: the PS then holds the exact
+        model. The batches go from a thread while this one watches the processes."""
+        last = start + len(batches) - 1
+        feeding = self.feeder.submit(submit_batches, stub, batches, start=start,
+                                     stop=self.stop, lr_scales=[scale] * (last + 1),
+                                     flush={last}, finish=False)  # fmt: skip
+        try:
+            status = self._wait_committed(stub, last, scheduler, servers, workers, feeding)
+        except BaseException:
+            self.stop.set()  # the feeding thread gives up at its next retry
+            raise
+        feeding.result()
+        return status
 
     def _line(self, e: Epoch, max_epochs: int) -> str:
         mean = sum(x.seconds for x in self.epochs) / len(self.epochs)
@@ -337,6 +370,7 @@ class Trainer:
             "schedule": asdict(jf.schedule),
             "cluster": asdict(jf.cluster),
             "epochs": [asdict(e) for e in self.epochs],
+            "evals_within_epochs": self.evals,
             "best_epoch": self.best_epoch,
             "best_model": str(self.out / BEST) if self.best_epoch else None,
             "test_auc": test_auc,

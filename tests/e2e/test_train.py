@@ -4,7 +4,7 @@ A validation split whose labels are the training rows' labels flipped gets worse
 model learns the training rows, so after the first epoch the monitored AUC does not
 improve: the learning rate decays and training stops early, and the report must follow
 the schedule's rule exactly. The same job and seed run twice give the same model file for
-file; ``heraldps predict`` on the exported best model gives the report's test figures; and
+file (with validations within epochs or without); ``heraldps predict`` on the exported best model gives the report's test figures; and
 the same job file drives ``heraldps feed`` against a deployed-shape cluster to the model
 ``heraldps train`` trains.
 """
@@ -94,8 +94,11 @@ def test_lr_decays_and_training_stops_early_by_the_rule_and_runs_repeat(tmp_path
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert f"AUC {first['test_auc']:.6f}, logloss {first['test_logloss']:.6f}" in done.stdout
-    # The same job and seed again: the same model, file for file.
-    second = _train(job, tmp_path / "b")
+    # The same job and seed again: the same model, file for file, also when the validation
+    # split is evaluated every 3 iterations as well (each time after a flush, which moves
+    # rows but changes none).
+    second = _train(_job(tmp_path, schedule={"eval_every": 3}), tmp_path / "b")
+    assert [e["iteration"] for e in second["evals_within_epochs"]][:2] == [2, 5]
     sums = [json.loads((tmp_path / d / "best" / "manifest.json").read_text())["sha256"]
             for d in ("a", "b")]  # fmt: skip
     assert sums[0] == sums[1]
