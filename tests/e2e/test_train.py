@@ -4,9 +4,9 @@ A validation split whose labels are the training rows' labels flipped gets worse
 model learns the training rows, so after the first epoch the monitored AUC does not
 improve: the learning rate decays and training stops early, and the report must follow
 the schedule's rule exactly. The same job and seed run twice give the same model file for
-file (with validations within epochs or without); ``heraldps predict`` on the exported best model gives the report's test figures; and
-the same job file drives ``heraldps feed`` against a deployed-shape cluster to the model
-``heraldps train`` trains.
+file (with validations within epochs or without); ``heraldps predict`` on the exported best
+model gives the report's test figures; and the same job file drives ``heraldps feed``
+against a deployed-shape cluster to the model ``heraldps train`` trains.
 """
 
 from __future__ import annotations
