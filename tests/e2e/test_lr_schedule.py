@@ -31,7 +31,7 @@ RUNS = (("naive", "allreduce"), ("het", "allreduce"), ("herald", "ps"))
 
 
 def test_a_decayed_lr_trains_the_single_process_model_in_every_mode(tmp_path: Path) -> None:
-    job = replace(small_job("adam"), iterations=ITERATIONS)
+    job = replace(small_job("adam"), iterations=ITERATIONS, workers=2)  # 2 x 32 samples
     train = job.read()
     reference = ReferenceTrainer(job)
     reference.train(train, SCALES)
@@ -40,7 +40,7 @@ def test_a_decayed_lr_trains_the_single_process_model_in_every_mode(tmp_path: Pa
     assert not np.allclose(constant.dense_rows, reference.dense_rows, rtol=1e-3, atol=1e-6)
     models = {}
     for mode, dense_sync in RUNS:
-        result = run_mode(replace(job, dense_sync=dense_sync), mode, 2, train, None,
+        result = run_mode(replace(job, dense_sync=dense_sync), mode, 1, train, None,
                           tmp_path / mode, keep_model=True, lr_scales=SCALES)  # fmt: skip
         model = models[mode] = result.model
         values, state, _ = reference.rows_of(model["keys"])
