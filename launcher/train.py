@@ -15,11 +15,12 @@ that model gives the report's figure by construction.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from heraldps.client import PSClient
 from heraldps.data import DataSpec, SparseDataset, read_all
+from heraldps.data.global_batches import StreamedBatches
 from heraldps.job import TrainingJob
 from heraldps.job_file import JobFile
 from heraldps.traffic import REPORTED
@@ -74,7 +76,7 @@ class Data:
     """The run's splits: training rows in memory, validation and test specs (streamed)."""
 
     job: TrainingJob  # with the first pass's numbers (rows, keys, dense statistics)
-    train: SparseDataset
+    train: SparseDataset | None  # None: streamed in file order each epoch (no shuffle)
     valid: DataSpec | None
     test: DataSpec | None
 
@@ -211,18 +213,18 @@ class Trainer:
         base_lr = job.make_optimizer().lr
         scale, best, since_best, since_decay, t = 1.0, None, 0, 0, 0
         for epoch in range(1, sched.max_epochs + 1):
-            order = epoch_order(self.data.train.rows, sched.seed, epoch, sched.shuffle)
-            batches = global_batches(self.data.train.take(order), job.global_batch, None, 1)
+            count, batches = self._epoch_batches(epoch)
             before = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
             seconds = 0.0
-            every = sched.eval_every or len(batches)
-            for first in range(0, len(batches), every):  # spans of eval_every iterations
-                span = batches[first : first + every]
+            every = sched.eval_every or count
+            for first in range(0, count, every):  # spans of eval_every iterations
+                size = min(every, count - first)
+                span = itertools.islice(batches, size)
                 began = time.perf_counter()
-                status = self._feed(stub, span, t, scale, scheduler, servers, workers)
+                status = self._feed(stub, span, size, t, scale, scheduler, servers, workers)
                 seconds += time.perf_counter() - began
-                t += len(span)
-                if first + len(span) < len(batches) and self.data.valid is not None:
+                t += size
+                if first + size < count and self.data.valid is not None:
                     auc_now, logloss_now = evaluate(job, self.data.valid, ps)
                     self.evals.append(
                         {
@@ -243,8 +245,8 @@ class Trainer:
             if self.data.valid is None:  # nothing to monitor: every epoch is the newest best
                 value = float(epoch) if sched.monitor == "auc" else -float(epoch)
             improved = better(sched.monitor, value, best)
-            record = Epoch(epoch, len(batches), loss, valid_auc, valid_logloss, base_lr * scale,
-                           len(batches) * job.global_batch / max(seconds, 1e-9), seconds,
+            record = Epoch(epoch, count, loss, valid_auc, valid_logloss, base_lr * scale,
+                           count * job.global_batch / max(seconds, 1e-9), seconds,
                            improved)  # fmt: skip
             self.epochs.append(record)
             if improved:
@@ -267,17 +269,18 @@ class Trainer:
     def _feed(
         self,
         stub: scheduler_pb2_grpc.SchedulerStub,
-        batches: list[SparseDataset],
+        batches: Iterable[SparseDataset],
+        count: int,
         start: int,
         scale: float,
         scheduler: ManagedProcess,
         servers: list[ManagedProcess],
         workers: list[ManagedProcess],
     ) -> scheduler_pb2.SchedulerStatus:
-        """Feed ``batches`` as iterations ``start``, ... with learning-rate multiplier
+        """Feed ``count`` ``batches`` as iterations ``start``, ... with learning-rate multiplier
         ``scale``, the last one flushed, and wait for its commit: the PS then holds the exact
         model. The batches go from a thread while this one watches the processes."""
-        last = start + len(batches) - 1
+        last = start + count - 1
         feeding = self.feeder.submit(submit_batches, stub, batches, start=start,
                                      stop=self.stop, lr_scales=[scale] * (last + 1),
                                      flush={last}, finish=False)  # fmt: skip
@@ -288,6 +291,18 @@ class Trainer:
             raise
         feeding.result()
         return status
+
+    def _epoch_batches(self, epoch: int) -> tuple[int, Iterator[SparseDataset]]:
+        """How many global batches ``epoch`` has, and the batches: the training rows in the
+        epoch's order (in memory), or streamed from the file in its order."""
+        job, sched = self.job, self.jf.schedule
+        if self.data.train is None:
+            assert job.train_rows is not None
+            streamed = StreamedBatches(job.data_spec(), job.train_rows, job.global_batch, None)
+            return len(streamed), streamed.iter_from(0)
+        order = epoch_order(self.data.train.rows, sched.seed, epoch, sched.shuffle)
+        batches = global_batches(self.data.train.take(order), job.global_batch, None, 1)
+        return len(batches), iter(batches)
 
     def _line(self, e: Epoch, max_epochs: int) -> str:
         mean = sum(x.seconds for x in self.epochs) / len(self.epochs)
@@ -395,7 +410,8 @@ def score_spec(predictor: Predictor, spec: DataSpec) -> tuple[float, float]:
 
 def read_data(job_file: JobFile) -> Data:
     """The splits of the job file, checked in a first pass; the training rows read into
-    memory (the per-epoch permutation needs them there)."""
+    memory when the job shuffles (the per-epoch permutation needs them there), else
+    streamed from the file every epoch."""
     from heraldps.data import count_rows
     from launcher.cli.data import first_pass
 
@@ -426,7 +442,9 @@ def read_data(job_file: JobFile) -> Data:
     valid = held_out(splits.valid, splits.valid_fraction, 0)
     test = held_out(splits.test, splits.test_fraction,
                     int(total * splits.valid_fraction) if total else 0)  # fmt: skip
-    return Data(job, read_all(job.data_spec()), valid, test)
+    # Without the shuffle the batches stream from the file: memory follows the batches.
+    train = read_all(job.data_spec()) if job_file.schedule.shuffle else None
+    return Data(job, train, valid, test)
 
 
 def write_curves(epochs: list[Epoch], best: int, path: Path) -> None:
