@@ -97,7 +97,9 @@ def test_lr_decays_and_training_stops_early_by_the_rule_and_runs_repeat(tmp_path
     # The same job and seed again: the same model, file for file, also when the validation
     # split is evaluated every 3 iterations as well (each time after a flush, which moves
     # rows but changes none).
-    second = _train(_job(tmp_path, schedule={"eval_every": 3}), tmp_path / "b")
+    second = _train(_job(tmp_path, schedule={"eval_every": 3}), tmp_path / "b",
+                    "--metrics-port", "0")  # fmt: skip
+    assert "metrics: http://127.0.0.1:" in second["stdout"]
     assert [e["iteration"] for e in second["evals_within_epochs"]][:2] == [2, 5]
     sums = [json.loads((tmp_path / d / "best" / "manifest.json").read_text())["sha256"]
             for d in ("a", "b")]  # fmt: skip
