@@ -232,4 +232,8 @@ class TrainingJob:
 
     @classmethod
     def load(cls, path: str | Path) -> TrainingJob:
-        return cls.from_json(Path(path).read_text())
+        """A flat ``job.json`` (as ``heraldps local`` and ``heraldps train`` write it) or a
+        sectioned job file (``heraldps.job_file``): either drives the feeder and workers."""
+        from heraldps.job_file import training_job
+
+        return training_job(path)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -121,6 +121,7 @@ class Optimizer(abc.ABC):
 
     name: ClassVar[str]
     job_defaults: ClassVar[dict[str, float]]
+    lr: float  # every optimizer's learning rate (a schedule scales it: :func:`scaled`)
     l2: float  # every optimizer's field: ``grad + l2 * value`` before the update (0: off)
 
     @abc.abstractmethod
@@ -146,6 +147,32 @@ class Optimizer(abc.ABC):
         params = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
         kind: dict[str, Any] = {self.name: params}
         return types_pb2.Optimizer(**kind)
+
+
+def lr_scale_of(wire_value: float) -> float:
+    """An iteration's learning-rate multiplier as the wire carries it: 0 (unset) is 1.0;
+    a negative or non-finite one is refused."""
+    if wire_value == 0.0:
+        return 1.0
+    if not (math.isfinite(wire_value) and wire_value > 0):
+        raise InvalidArgument(f"lr_scale must be a finite number > 0 (0: 1.0), got {wire_value}")
+    return float(wire_value)
+
+
+def scaled(optimizer: Optimizer, lr_scale: float) -> Optimizer:
+    """``optimizer`` with learning rate ``lr * lr_scale`` (an iteration of a decayed
+    schedule). Every place that applies an iteration's updates (the PS commit, the worker
+    caches, the dense replicas, the single-process reference) calls this with the same
+    ``lr_scale``. The product starts from the float32 lr that ``apply`` uses (a shard's
+    optimizer came over the wire as float32, a worker's from the job as a double), is
+    computed in double and rounded to float32 in ``apply``: the same bits everywhere.
+    A scale of 1.0 returns ``optimizer`` itself."""
+    if lr_scale == 1.0:
+        return optimizer
+    if not (math.isfinite(lr_scale) and lr_scale > 0):
+        raise InvalidArgument(f"lr_scale must be a finite number > 0, got {lr_scale}")
+    lr = float(np.float32(optimizer.lr)) * lr_scale
+    return replace(optimizer, lr=lr)  # type: ignore[type-var]
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {}

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from heraldps import wire
 from heraldps.data.dataset import SparseDataset
+from heraldps.optim import lr_scale_of
 from heraldps.samples import decode_samples, encode_samples
 from heraldps.v1 import scheduler_pb2
 
@@ -56,6 +57,8 @@ class CommPlan:
     pull_early: Keys = field(default_factory=_empty)
     final_flush: bool = False  # after this iteration, write back every dirty row
     checkpoint: bool = False  # the iteration ends a checkpoint: store the dense replica too
+    # Multiplies every optimizer's lr in this iteration (SubmitBatchRequest.lr_scale).
+    lr_scale: float = 1.0
     mini_batch: SparseDataset | None = None
 
     @property
@@ -78,6 +81,7 @@ def plan_to_proto(plan: CommPlan, table: str) -> scheduler_pb2.CommPlan:
         table=table,
         final_flush=plan.final_flush,
         checkpoint=plan.checkpoint,
+        lr_scale=plan.lr_scale,
     )
     for name in KEY_LISTS:
         setattr(msg, name, wire.encode_keys(getattr(plan, name)))
@@ -93,6 +97,7 @@ def plan_from_proto(msg: scheduler_pb2.CommPlan) -> CommPlan:
         worker=msg.worker_id,
         final_flush=msg.final_flush,
         checkpoint=msg.checkpoint,
+        lr_scale=lr_scale_of(msg.lr_scale),
     )
     for name in KEY_LISTS:
         setattr(plan, name, wire.decode_keys(getattr(msg, name), name))

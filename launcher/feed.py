@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -70,9 +70,15 @@ def submit_batches(
     patience: float | None = None,
     timeout: float = 60.0,
     on_submitted: Callable[[int], None] | None = None,
+    lr_scales: Sequence[float] = (),
+    flush: Container[int] = (),
+    finish: bool = True,
 ) -> bool:
     """Submit ``batches`` (iterations ``start``, ``start + 1``, ...) in order, whole samples
-    each, then Finish; False if ``stop`` was set first.
+    each, then Finish (unless not ``finish``); False if ``stop`` was set first.
+
+    Iteration t carries ``lr_scales[t]`` (1.0 past its end; a learning-rate schedule) and
+    the flush marker when t is in ``flush`` (the PS holds the exact model once t commits).
 
     ``batches`` is consumed one batch at a time, so a streamed run holds only the batch
     being sent (the scheduler's backlog bounds how far the feeder runs ahead).
@@ -83,7 +89,12 @@ def submit_batches(
     scheduler's link); after ``patience`` seconds without an accepted batch, FeedError.
     """
     for t, batch in enumerate(batches, start=start):
-        request = scheduler_pb2.SubmitBatchRequest(iteration=t, batch=encode_samples(batch))
+        request = scheduler_pb2.SubmitBatchRequest(
+            iteration=t,
+            batch=encode_samples(batch),
+            lr_scale=lr_scales[t] if t < len(lr_scales) else 1.0,
+            flush=t in flush,
+        )
         waiting_since = time.monotonic()
         while True:
             if stop is not None and stop.is_set():
@@ -109,7 +120,8 @@ def submit_batches(
             on_submitted(t)
     if stop is not None and stop.is_set():
         return False
-    stub.Finish(scheduler_pb2.FinishRequest(), timeout=timeout)
+    if finish:
+        stub.Finish(scheduler_pb2.FinishRequest(), timeout=timeout)
     return True
 
 
@@ -139,8 +151,17 @@ def run_feed(config: FeedConfig) -> None:
     """Feed the job to the cluster and wait for the last commit; FeedError on failure."""
     if not config.ps:
         raise FeedError("--ps needs the PS shard addresses, comma-separated, in shard order")
-    job = TrainingJob.load(config.job)
+    job = TrainingJob.load(config.job)  # a job.json or a job file (heraldps.job_file)
     check(job.data_spec())  # a wrong column or format fails here, before any batch is sent
+    if job.data_spec().needs_stats():  # a job file's standardize/minmax: a first pass
+        from dataclasses import replace
+
+        from heraldps.data import scan
+
+        log.info("reading %s once for the dense statistics its transforms need", job.data)
+        profile = scan(job.data_spec())
+        stats = tuple(s.to_dict() for s in profile.dense_stats)
+        job = replace(job, dense_stats=stats, train_rows=profile.rows)
     metrics = FeedMetrics()
     if config.metrics_port is not None:
         serve_metrics(config.metrics_port, config.metrics_host, metrics.registry, "the feed")

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -151,15 +151,18 @@ def _feed(
     stop: threading.Event,
     compress: bool = False,
     start: int = 0,
+    lr_scales: Sequence[float] = (),
 ) -> None:
     """Submit the global batches from ``start`` on (retrying while the scheduler's backlog
-    is full), then Finish; ``compress``: gzip the batches (the scheduler's link is slow)."""
+    is full), then Finish; ``compress``: gzip the batches (the scheduler's link is slow);
+    ``lr_scales``: iteration t's learning-rate multiplier (1.0 past the end)."""
     compression = grpc.Compression.Gzip if compress else None
     with grpc.insecure_channel(
         address, options=channel_options(MAX_MESSAGE_BYTES), compression=compression
     ) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        submit_batches(stub, batches.iter_from(start), start=start, stop=stop)
+        submit_batches(stub, batches.iter_from(start), start=start, stop=stop,
+                       lr_scales=lr_scales)  # fmt: skip
 
 
 def evaluate(
@@ -254,9 +257,11 @@ def run_mode(
     network: ClusterNetwork | None = None,
     recovery: Recovery | None = None,
     export: Path | None = None,
+    lr_scales: Sequence[float] = (),
 ) -> ModeResult:
     """Train ``job`` in ``mode`` on a fresh local cluster; raise ClusterError on any failure
     (with ``recovery.max_restarts``: after that many whole-cluster restarts).
+    ``lr_scales[t]``: iteration t's learning-rate multiplier (1.0 past the end).
 
     ``store="cached"`` runs Cached-PS shards (LMDB under ``workdir``) with ``cache_gb`` of
     host cache per table. With ``network`` every process runs in its namespace there.
@@ -281,6 +286,7 @@ def run_mode(
     for attempt in range(recovery.max_restarts + 1):
         attempt_run = _Attempt(job, mode, shards, batches, workdir, job_path, store, cache_gb,
                                network, recovery, checkpoint_dir, attempt)  # fmt: skip
+        attempt_run.lr_scales = lr_scales
         error: ClusterError | None = None
         try:
             result = attempt_run.train(eval_data, progress, keep_model, export)
@@ -337,6 +343,7 @@ class _Attempt:
         self.checkpoint_dir = checkpoint_dir
         self.resumed_at = -1  # the first batch this attempt feeds
         self.first_commit: float | None = None  # when an iteration past the resume committed
+        self.lr_scales: Sequence[float] = ()  # iteration t's learning-rate multiplier
 
     def _first_commit(self, when: float) -> None:
         self.first_commit = when
@@ -410,7 +417,7 @@ class _Attempt:
             def feed() -> None:
                 try:
                     _feed(scheduler.address, batches, stop, compress=network is not None,
-                          start=start)  # fmt: skip
+                          start=start, lr_scales=self.lr_scales)  # fmt: skip
                 except BaseException as exc:  # reported by the monitor loop
                     errors.append(exc)
 

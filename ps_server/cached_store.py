@@ -272,8 +272,9 @@ class CachedStore(ShardTables[CachedTable]):
         with self._write_lock:
             return table.push(iteration, keys, grads, self._write_txn, steps, worker)
 
-    def commit(self, iteration: int) -> tuple[int, bool]:
-        """Apply buffered gradients through ``iteration`` durably; (rows updated, already)."""
+    def commit(self, iteration: int, lr_scale: float = 1.0) -> tuple[int, bool]:
+        """Apply buffered gradients through ``iteration`` durably (the optimizers' lr times
+        ``lr_scale``); (rows updated, already)."""
         with self._commit_lock:
             if check_commit_order(iteration, self.committed_iteration):
                 return 0, True
@@ -285,7 +286,7 @@ class CachedStore(ShardTables[CachedTable]):
                     prepared = []
                     with self._write_txn() as txn:
                         for table in tables:
-                            prepared.append(table.prepare_commit(iteration, txn))
+                            prepared.append(table.prepare_commit(iteration, txn, lr_scale))
                         txn.put(b"committed_iteration", str(iteration).encode(), db=self.meta)
                     # Durable: only now does memory change.
                     updated = 0

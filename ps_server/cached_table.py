@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from heraldps.keyindex import distinct
+from heraldps.optim import Optimizer, scaled
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server.checks import (
     COMMIT_HINT,
@@ -243,7 +244,14 @@ class CachedTable:
                 unique, summed, unique_steps = sum_duplicates(keys, grads, steps)
                 rows = self._read(unique, admit=False)
                 at = np.arange(unique.shape[0])
-                self._apply(rows, at, summed, self.committed_iteration + 1, unique_steps)
+                self._apply(
+                    rows,
+                    at,
+                    summed,
+                    self.committed_iteration + 1,
+                    unique_steps,
+                    self.spec.optimizer,
+                )
                 check_finite_rows(self.name, "push", rows.keys, rows.values, rows.state)
                 with txn_factory() as txn:
                     self._write(txn, rows)
@@ -273,16 +281,20 @@ class CachedTable:
         grads: npt.NDArray[np.float32],
         it: int,
         steps: npt.NDArray[np.int32] | None,
+        optimizer: Optimizer,
     ) -> None:
         values, state = rows.values[at], rows.state[at]
         with np.errstate(over="ignore", invalid="ignore"):  # checked before it is written
-            self.spec.optimizer.apply_steps(values, state, grads, steps)
+            optimizer.apply_steps(values, state, grads, steps)
         rows.values[at], rows.state[at] = values, state
         rows.versions[at] += 1
         rows.changed[at] = it
 
-    def prepare_commit(self, iteration: int, txn: Any) -> tuple[_Rows | None, list[int], int]:
-        """Apply every buffer <= ``iteration`` to working copies and put them in ``txn``.
+    def prepare_commit(
+        self, iteration: int, txn: Any, lr_scale: float = 1.0
+    ) -> tuple[_Rows | None, list[int], int]:
+        """Apply every buffer <= ``iteration`` (the optimizer's lr times ``lr_scale``) to
+        working copies and put them in ``txn``.
 
         Nothing in memory changes until :meth:`finish_commit`, so a failed
         transaction leaves the table as it was. Caller holds ``self.lock``.
@@ -293,10 +305,11 @@ class CachedTable:
         contents = [self._buffers[it].contents() for it in its]
         union, inverse = distinct(np.concatenate([k for k, _, _ in contents]))
         rows = self._read(union, txn=txn, admit=False)
+        optimizer = scaled(self.spec.optimizer, lr_scale)
         start = 0
         for it, (keys, grads, steps) in zip(its, contents, strict=True):
             at = inverse[start : start + keys.shape[0]]
-            self._apply(rows, at, grads, it, paced_steps(steps, it, rows.changed[at]))
+            self._apply(rows, at, grads, it, paced_steps(steps, it, rows.changed[at]), optimizer)
             start += keys.shape[0]
         what = f"commit of iteration {its[-1]}"
         check_finite_rows(self.name, what, union, rows.values, rows.state, COMMIT_HINT)

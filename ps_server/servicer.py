@@ -23,6 +23,7 @@ from heraldps.errors import (
     shown,
 )
 from heraldps.limits import check_path
+from heraldps.optim import lr_scale_of
 from heraldps.spec import TableSpec
 from heraldps.status import stream_handler, unary_handler
 from heraldps.v1 import ps_pb2, ps_pb2_grpc, types_pb2
@@ -209,7 +210,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> ps_pb2.CommitResponse:
         started = time.perf_counter()
         self.claims.check(request.fence if request.HasField("fence") else None, "commit")
-        updated, already = self.store.commit(request.iteration)
+        updated, already = self.store.commit(request.iteration, lr_scale_of(request.lr_scale))
         m = self.metrics
         if not already:
             m.commit_seconds.labels(m.shard).observe(time.perf_counter() - started)

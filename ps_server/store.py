@@ -115,8 +115,9 @@ class StagedStore(ShardTables[StagedTable]):
         with table.lock:
             return int(np.count_nonzero(table.known(distinct(keys)[0])))
 
-    def commit(self, iteration: int) -> tuple[int, bool]:
-        """Apply buffered gradients through ``iteration``; return (rows updated, already)."""
+    def commit(self, iteration: int, lr_scale: float = 1.0) -> tuple[int, bool]:
+        """Apply buffered gradients through ``iteration`` (the optimizers' lr times
+        ``lr_scale``); return (rows updated, already)."""
         with self._commit_lock:
             if check_commit_order(iteration, self.committed_iteration):
                 return 0, True
@@ -125,7 +126,7 @@ class StagedStore(ShardTables[StagedTable]):
                 table.lock.acquire()
             try:
                 # Every table computed and checked before any changes: all or nothing.
-                prepared = [table.prepare_commit(iteration) for table in tables]
+                prepared = [table.prepare_commit(iteration, lr_scale) for table in tables]
                 updated = sum(
                     table.finish_commit(iteration, work)
                     for table, work in zip(tables, prepared, strict=True)

@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from heraldps.errors import InvalidArgument
 from heraldps.keyindex import distinct
+from heraldps.optim import Optimizer, scaled
 from heraldps.spec import TableSpec, UpdateMode
 from ps_server.checks import (
     COMMIT_HINT,
@@ -101,23 +102,23 @@ class WorkingRows:
 
     def apply(
         self,
-        spec: TableSpec,
+        optimizer: Optimizer,
         at: npt.NDArray[np.int64] | None,
         grads: npt.NDArray[np.float32],
         it: int,
         steps: npt.NDArray[np.int32] | None,
     ) -> None:
         """One iteration's summed gradients on rows ``at`` (distinct; None: every row, in
-        order, updated in place without a gather): optimizer, clock +1."""
+        order, updated in place without a gather): ``optimizer``, clock +1."""
         if at is None:
             with np.errstate(over="ignore", invalid="ignore"):  # checked before it is stored
-                spec.optimizer.apply_steps(self.values, self.state, grads, steps)
+                optimizer.apply_steps(self.values, self.state, grads, steps)
             self.versions += 1
             self.changed[:] = it
             return
         values, state = self.values[at], self.state[at]
         with np.errstate(over="ignore", invalid="ignore"):
-            spec.optimizer.apply_steps(values, state, grads, steps)
+            optimizer.apply_steps(values, state, grads, steps)
         self.values[at], self.state[at] = values, state
         self.versions[at] += 1
         self.changed[at] = it
@@ -351,7 +352,9 @@ class StagedTable:
             if self.spec.update_mode is UpdateMode.IMMEDIATE:
                 unique, summed, unique_steps = sum_duplicates(keys, grads, steps)
                 work = self._working_rows(unique)
-                work.apply(self.spec, None, summed, self.committed_iteration + 1, unique_steps)
+                work.apply(
+                    self.spec.optimizer, None, summed, self.committed_iteration + 1, unique_steps
+                )
                 check_finite_rows(self.name, "push", work.keys, work.values, work.state)
                 rows = self._lookup_or_create(unique, what)
                 self._store(rows, work)
@@ -369,19 +372,21 @@ class StagedTable:
             self._account(self._exact_bytes(), what)
             return False
 
-    def prepare_commit(self, iteration: int) -> WorkingRows | None:
+    def prepare_commit(self, iteration: int, lr_scale: float = 1.0) -> WorkingRows | None:
         """Every buffer of an iteration <= ``iteration`` applied, in order, to copies of
-        the rows; InvalidArgument if a value or state would not be finite. Nothing
-        changes until :meth:`finish_commit`. Caller holds ``self.lock``."""
+        the rows, with the optimizer's lr times ``lr_scale``; InvalidArgument if a value or
+        state would not be finite. Nothing changes until :meth:`finish_commit`. Caller holds
+        ``self.lock``."""
         its = sorted(i for i in self._buffers if i <= iteration)
         if not its:
             return None
         contents = [self._buffers[it].contents() for it in its]
+        optimizer = scaled(self.spec.optimizer, lr_scale)
         if len(its) == 1:  # the usual case: one buffer, its keys already distinct
             union = contents[0][0]
             work = self._working_rows(union)
             _, grads, steps = contents[0]
-            work.apply(self.spec, None, grads, its[0], paced_steps(steps, its[0], work.changed))
+            work.apply(optimizer, None, grads, its[0], paced_steps(steps, its[0], work.changed))
             start = union.shape[0]
         else:
             union, inverse = distinct(np.concatenate([k for k, _, _ in contents]))
@@ -389,7 +394,7 @@ class StagedTable:
             start = 0
             for it, (keys, grads, steps) in zip(its, contents, strict=True):
                 at = inverse[start : start + keys.shape[0]]
-                work.apply(self.spec, at, grads, it, paced_steps(steps, it, work.changed[at]))
+                work.apply(optimizer, at, grads, it, paced_steps(steps, it, work.changed[at]))
                 start += keys.shape[0]
         work.its, work.updates = its, start
         what = f"commit of iteration {its[-1]}"

@@ -84,6 +84,8 @@ class Barrier:
         self._done: dict[int, set[int]] = {}
         self._loss: dict[int, tuple[float, int]] = {}
         self.last_loss = float("nan")
+        self.loss_sum_committed = 0.0  # loss over every sample of every committed iteration
+        self.loss_samples_committed = 0
         self._samples: dict[int, int] = {}  # samples of each uncommitted batch
         self.samples_committed = 0  # samples of every committed batch (the data position)
         self.failure: RunAborted | None = None
@@ -167,15 +169,26 @@ class Barrier:
             return released
 
     def _publish(self, released: list[CommPlan]) -> None:
-        """Make plans visible to the watchers, each with its worker's samples if sent."""
-        if released:
-            data = self._data.pop(released[0].iteration, None)
+        """Make plans visible to the watchers, each with its worker's samples if sent.
+        ``released`` holds one iteration's plans, or two (a flushed batch's with the
+        previous ones), in iteration order."""
+        for iteration in sorted({plan.iteration for plan in released}):
+            plans = [plan for plan in released if plan.iteration == iteration]
+            data = self._data.pop(iteration, None)
             if data is not None:
-                for plan in released:
+                for plan in plans:
                     plan.mini_batch = data.take(plan.samples)
-            self._plans[released[0].iteration] = released
+            self._plans[iteration] = plans
+        if released:
             self._start_clock()
             self._changed.notify_all()
+
+    def lr_scale(self, iteration: int) -> float:
+        """The learning-rate multiplier of ``iteration`` (1.0 for one never planned here):
+        the commit hands it to the shards, as the plans handed it to the workers."""
+        with self._lock:
+            plans = self._plans.get(iteration)
+            return plans[0].lr_scale if plans else 1.0
 
     def wake_all(self) -> None:
         """Wake every waiting watcher (shutdown)."""
@@ -260,6 +273,8 @@ class Barrier:
             self.samples_committed += self._samples.pop(iteration, 0)
             loss, count = self._loss.pop(iteration)
             self.last_loss = loss / count if count else float("nan")
+            self.loss_sum_committed += loss
+            self.loss_samples_committed += count
             del self._plans[iteration]
             del self._done[iteration]
             self._since = self._committing_since = None

@@ -20,6 +20,10 @@ class Batch:
     for each of the ``num_workers`` workers. ``data``, when the feeder sent whole
     samples, is the batch itself (its offsets and keys are ``offsets`` and ``keys``);
     each worker's plan then carries its samples.
+
+    ``lr_scale`` multiplies every optimizer's learning rate in this iteration (its plans
+    and its commit carry it); ``flush``: the PS must hold the exact model once the
+    iteration is committed (every dirty row written back, plans released at once).
     """
 
     iteration: int
@@ -27,6 +31,8 @@ class Batch:
     keys: npt.NDArray[np.int64]
     num_workers: int
     data: SparseDataset | None = None
+    lr_scale: float = 1.0
+    flush: bool = False
 
     def __post_init__(self) -> None:
         offsets, keys = self.offsets, self.keys
@@ -46,9 +52,16 @@ class Batch:
             )
 
     @classmethod
-    def of_samples(cls, iteration: int, data: SparseDataset, num_workers: int) -> Batch:
+    def of_samples(
+        cls,
+        iteration: int,
+        data: SparseDataset,
+        num_workers: int,
+        lr_scale: float = 1.0,
+        flush: bool = False,
+    ) -> Batch:
         """A batch of whole samples: planned by their keys, handed out with the plans."""
-        return cls(iteration, data.offsets, data.keys, num_workers, data)
+        return cls(iteration, data.offsets, data.keys, num_workers, data, lr_scale, flush)
 
     @classmethod
     def from_arrays(

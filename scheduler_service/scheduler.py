@@ -250,7 +250,9 @@ class Scheduler:
 
     With ``checkpoint_every`` N, the plans of every N-th iteration t carry ``checkpoint``
     and write back every row still dirty at the end of t (the mirror marks them clean),
-    so the PS alone holds the model once t is committed."""
+    so the PS alone holds the model once t is committed. A batch with ``flush`` does the
+    same for its own iteration, and its plans are released with the previous ones: after
+    the flush nothing is dirty, so no later batch can add a write-back to them."""
 
     def __init__(
         self,
@@ -346,12 +348,15 @@ class Scheduler:
                 update_local=trained[starts[w] : locals_[w]],
                 push_grads=trained[locals_[w] : ends[w]],
                 write_back=wb_keys[wb_offsets[w] : wb_offsets[w + 1]],
-                checkpoint=checkpoint,
+                checkpoint=checkpoint or batch.flush,
+                lr_scale=batch.lr_scale,
             )
             for w in range(n)
         ]
         released = self._release(*_sorted_by_worker(prev_workers, prev_keys, n))
         self._pending = plans
+        if batch.flush:  # every row dirty after this iteration goes back with its plans
+            released += self._release(*_sorted_by_worker(*self.mirror.take_dirty(), n))
         self.next_iteration = batch.iteration + 1
         self.counts.iterations += 1
         clock.lap("plans")
@@ -498,6 +503,7 @@ class SampleScheduler:
         check_next_batch(batch, self.num_workers, self.next_iteration)
         m = batch.samples_per_worker
         samples = np.arange(batch.samples, dtype=np.int64)
+        checkpoint = is_checkpoint(batch.iteration, self.checkpoint_every) or batch.flush
         released, self._pending = (
             self._pending,
             [
@@ -505,11 +511,14 @@ class SampleScheduler:
                     batch.iteration,
                     w,
                     samples=samples[w * m : (w + 1) * m],
-                    checkpoint=is_checkpoint(batch.iteration, self.checkpoint_every),
+                    checkpoint=checkpoint,
+                    lr_scale=batch.lr_scale,
                 )
                 for w in range(self.num_workers)
             ],
         )
+        if batch.flush:  # the workers push what is dirty: nothing waits for the next batch
+            released, self._pending = released + self._pending, []
         self.next_iteration = batch.iteration + 1
         self.counts.iterations += 1
         return released

@@ -210,7 +210,7 @@ class SchedulerServer(GrpcProcess):
         if self.ps is not None:
             assert self.lease is not None
             self.lease.acquire()  # at the first commit, unless a resume claimed them
-            self.ps.commit(iteration)
+            self.ps.commit(iteration, self.barrier.lr_scale(iteration))
         self.barrier.committed_on_ps()  # the snapshot below is not a frozen shard
         log.info("committed iteration %d", iteration)
         if self.checkpointer is not None:  # before the next plans flow: nothing newer on the PS

@@ -18,6 +18,7 @@ from heraldps.errors import (
     Unavailable,
     shown,
 )
+from heraldps.optim import lr_scale_of
 from heraldps.plan import CommPlan, plan_to_proto
 from heraldps.samples import decode_samples
 from heraldps.status import stream_handler, unary_handler
@@ -128,22 +129,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if self.shadow is not None:  # after the barrier accepted it: same batches, in order
             self.shadow.submit(batch)
         return scheduler_pb2.SubmitBatchResponse(
-            released_iteration=released[0].iteration if released else -1
+            released_iteration=released[-1].iteration if released else -1
         )
 
     def _batch(self, request: scheduler_pb2.SubmitBatchRequest) -> Batch:
         """Keys only (``offsets``, ``keys``) or whole samples (``batch``), not both."""
         workers = self.barrier.num_workers
+        lr_scale, flush = lr_scale_of(request.lr_scale), request.flush
         if not request.HasField("batch"):
             offsets = wire.decode_keys(request.offsets, "offsets")
-            return Batch(
-                request.iteration, offsets, wire.decode_keys(request.keys, "keys"), workers
-            )
+            keys = wire.decode_keys(request.keys, "keys")
+            return Batch(request.iteration, offsets, keys, workers, None, lr_scale, flush)
         if request.offsets or request.keys:
             raise InvalidArgument(
                 "send the batch either as offsets and keys or as whole samples in `batch`, not both"
             )
-        return Batch.of_samples(request.iteration, decode_samples(request.batch, "batch"), workers)
+        samples = decode_samples(request.batch, "batch")
+        return Batch.of_samples(request.iteration, samples, workers, lr_scale, flush)
 
     @unary_handler
     def Finish(
@@ -263,4 +265,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             finished=b.finished,
             reported=self.reported.to_proto(),
             last_loss=b.last_loss,
+            committed_loss_sum=b.loss_sum_committed,
+            committed_samples=b.loss_samples_committed,
         )

@@ -45,3 +45,32 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def deployed_cluster(
+    workdir: Path, job: Path, workers: int = 2, scheduler_flags: tuple[str, ...] = ()
+) -> tuple[list[subprocess.Popen[bytes]], str, str]:
+    """A deployment's shape as processes: one shard, the scheduler and ``workers`` workers
+    running ``job``; (processes, shard address, scheduler address). The caller feeds it
+    and stops the processes (:func:`stop_all`)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        shard = start("ps", ["ps", "--port", "0", "--port-file", str(workdir / "ps.port")],
+                      workdir)  # fmt: skip
+        procs.append(shard)
+        ps = f"127.0.0.1:{port(workdir / 'ps.port', shard, workdir, 'ps')}"
+        scheduler_proc = start("scheduler", [
+            "scheduler", "--workers", str(workers), "--cache-rows", "2000", "--ps", ps,
+            "--port", "0", "--port-file", str(workdir / "scheduler.port"), *scheduler_flags,
+        ], workdir)  # fmt: skip
+        procs.append(scheduler_proc)
+        bound = port(workdir / "scheduler.port", scheduler_proc, workdir, "scheduler")
+        scheduler = f"127.0.0.1:{bound}"
+        for w in range(workers):
+            procs.append(start(f"worker{w}", [
+                "worker", "--job", str(job), "--worker-id", str(w), "--scheduler", scheduler,
+                "--ps", ps, "--timeout-seconds", "60"], workdir))  # fmt: skip
+    except BaseException:
+        stop_all(procs)
+        raise
+    return procs, ps, scheduler

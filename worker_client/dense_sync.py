@@ -34,7 +34,7 @@ from heraldps.batch_norm import BatchSum
 from heraldps.client import DenseParameter, PSClient
 from heraldps.errors import FailedPrecondition
 from heraldps.model import RunningStats
-from heraldps.optim import Optimizer
+from heraldps.optim import Optimizer, scaled
 from worker_client.collective import AllReduce, BatchSums
 from worker_client.sends import Sends
 
@@ -53,17 +53,20 @@ class DenseSync(abc.ABC):
         """The dense parameters to train iteration t with (after t-1's update)."""
 
     @abc.abstractmethod
-    def update(self, grad: Floats, iteration: int, final: bool) -> None:
-        """Apply this worker's share of iteration ``iteration``'s dense gradient."""
+    def update(self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0) -> None:
+        """Apply this worker's share of iteration ``iteration``'s dense gradient, with the
+        optimizer's lr times ``lr_scale`` (the iteration's plan's)."""
 
     def overlaps(self, final: bool) -> bool:
         """Whether :meth:`start_update` leaves the update running (here: never; a push to
         the PS must arrive before the iteration's commit, which applies it)."""
         return False
 
-    def start_update(self, grad: Floats, iteration: int, final: bool) -> None:
+    def start_update(
+        self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0
+    ) -> None:
         """Start the update; it may run on until :meth:`settle` (see :meth:`overlaps`)."""
-        self.update(grad, iteration, final)
+        self.update(grad, iteration, final, lr_scale)
 
     def settle(self) -> None:  # noqa: B027 (nothing runs on here)
         """Wait for a started update to finish; raise its error."""
@@ -96,7 +99,8 @@ class PSDense(DenseSync):
         self.bytes_moved += p.rows * (8 + 8 + 4 * p.row_width)
         return values
 
-    def update(self, grad: Floats, iteration: int, final: bool) -> None:
+    def update(self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0) -> None:
+        """Push the gradient; the PS applies it at the commit, which carries ``lr_scale``."""
         self.ps.push_dense_gradients(self.param, grad, iteration, self.worker)
         self.bytes_moved += self.param.rows * (8 + 4 * self.param.row_width)
 
@@ -159,12 +163,14 @@ class AllReduceDense(DenseSync):
         finishes (and is written to the PS) before the run ends."""
         return not final
 
-    def start_update(self, grad: Floats, iteration: int, final: bool) -> None:
+    def start_update(
+        self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0
+    ) -> None:
         self.settle()
         if not self.overlaps(final):
-            self.update(grad, iteration, final)
+            self.update(grad, iteration, final, lr_scale)
             return
-        self._pending = Sends.in_thread(self.update, grad, iteration, final)
+        self._pending = Sends.in_thread(self.update, grad, iteration, final, lr_scale)
 
     def settle(self) -> None:
         pending, self._pending = self._pending, None
@@ -181,9 +187,10 @@ class AllReduceDense(DenseSync):
     def hold_running(self, running: RunningStats | None) -> None:
         self._running = running
 
-    def update(self, grad: Floats, iteration: int, final: bool) -> None:
+    def update(self, grad: Floats, iteration: int, final: bool, lr_scale: float = 1.0) -> None:
         total = self.all_reduce.sum(np.asarray(grad, dtype=np.float32), iteration)
-        self.optimizer.apply(self._replica(), self._state, self.param.to_rows(total))
+        optimizer = scaled(self.optimizer, lr_scale)
+        optimizer.apply(self._replica(), self._state, self.param.to_rows(total))
         running, self._running = self._running, None
         if running is not None:  # buffers, not trained: no optimizer (or decay) moves them
             running.write_into(self._replica())

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from heraldps.arrays import to_host
 from heraldps.job import EMBEDDING_TABLE
+from heraldps.optim import scaled
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from worker_client.step import Step
@@ -70,12 +71,12 @@ class HETStep(Step):
         else:
             with self.timer("optimizer"):
                 cache.add_pending(slots, emb_grad)
-                cache.mark_trained(slots, emb_grad, self.optimizer)
+                cache.mark_trained(slots, emb_grad, scaled(self.optimizer, plan.lr_scale))
             over = slots[cache.updates_since_fetch(slots) > s]
             self._push_pending(over, t, traffic)
             traffic.bound_releases += over.shape[0]
             cache.evict(cache.keys_at(over))
-        self.push_dense(dense_grad, t, plan.stores_dense)
+        self.push_dense(dense_grad, t, plan.stores_dense, plan.lr_scale)
         if plan.final_flush:
             flushed = Traffic()
             self._push_pending(cache.dirty_slots(), t, flushed)

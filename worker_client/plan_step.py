@@ -32,6 +32,7 @@ from heraldps.client.core import Pulled
 from heraldps.errors import FailedPrecondition
 from heraldps.job import EMBEDDING_TABLE
 from heraldps.keyindex import KeyIndex
+from heraldps.optim import scaled
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from worker_client.sends import Sends
@@ -78,11 +79,12 @@ class PlanStep(Step):
         # At the end and at a checkpoint the dense update reaches the PS before the report.
         overlapped = self.dense.overlaps(plan.stores_dense)  # started after the sends below
         if not overlapped:
-            sends.add(sends.in_thread(self.dense.update, host_grad, t, plan.stores_dense))
+            sends.add(sends.in_thread(self.dense.update, host_grad, t, plan.stores_dense,
+                                      plan.lr_scale))  # fmt: skip
         if local.shape[0]:
             with self.timer("optimizer"):
                 cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)],
-                                   self.optimizer)  # fmt: skip
+                                   scaled(self.optimizer, plan.lr_scale))  # fmt: skip
         written = plan.write_back
         traffic.write_backs += written.shape[0]
         if plan.final_flush:  # every row still dirty, with the plan's write-backs: one request
@@ -106,7 +108,7 @@ class PlanStep(Step):
         if rows is not None:
             cache.mark_written(rows)
         if overlapped:
-            self.start_dense(host_grad, t, plan.stores_dense)
+            self.start_dense(host_grad, t, plan.stores_dense, plan.lr_scale)
         return traffic, loss
 
     def _split(

@@ -11,12 +11,15 @@ summation order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
 from heraldps.data.dataset import SparseDataset
 from heraldps.job import TrainingJob
 from heraldps.keyindex import KeyIndex
+from heraldps.optim import scaled
 from worker_client.minibatch import global_batches, select
 
 
@@ -54,8 +57,9 @@ class ReferenceTrainer:
             self.versions = np.concatenate([self.versions, np.zeros(added, np.int64)])
         return rows
 
-    def step(self, batch: SparseDataset, iteration: int = 0) -> None:
-        """One global batch; ``iteration`` numbers it (from 0), which dropout masks use."""
+    def step(self, batch: SparseDataset, iteration: int = 0, lr_scale: float = 1.0) -> None:
+        """One global batch; ``iteration`` numbers it (from 0), which dropout masks use;
+        ``lr_scale`` multiplies both optimizers' lr (a schedule's, as the plans carry it)."""
         mb = select(batch, np.arange(batch.rows, dtype=np.int64))
         rows = self._rows(mb.keys)
         dense = self.dense_param.from_rows(self.dense_rows)
@@ -65,21 +69,24 @@ class ReferenceTrainer:
             sample_ids=iteration * batch.rows + np.arange(batch.rows, dtype=np.int64),
         )  # fmt: skip
         values, state = self.values[rows], self.state[rows]
-        self.optimizer.apply(values, state, emb_grad)
+        scaled(self.optimizer, lr_scale).apply(values, state, emb_grad)
         self.values[rows], self.state[rows] = values, state
         self.versions[rows] += 1
-        self.dense_optimizer.apply(
+        scaled(self.dense_optimizer, lr_scale).apply(
             self.dense_rows, self.dense_state, self.dense_param.to_rows(dense_grad)
         )
         if running is not None:  # batch norm's running statistics: written, not trained
             running.write_into(self.dense_rows)
         self.losses.append(loss / batch.rows)
 
-    def train(self, dataset: SparseDataset) -> None:
+    def train(self, dataset: SparseDataset, lr_scales: Sequence[float] = ()) -> None:
+        """The job's global batches of ``dataset``; iteration t with ``lr_scales[t]`` (1.0
+        past the end)."""
         for iteration, batch in enumerate(
             global_batches(dataset, self.job.global_batch, self.job.iterations, self.job.epochs)
         ):
-            self.step(batch, iteration)
+            scale = lr_scales[iteration] if iteration < len(lr_scales) else 1.0
+            self.step(batch, iteration, scale)
 
     def rows_of(
         self, keys: npt.NDArray[np.int64]

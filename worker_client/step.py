@@ -134,22 +134,26 @@ class Step(abc.ABC):
         self.dense.hold_running(out.running)  # written over this gradient's update
         return out.loss_sum, out.emb_grad, out.dense_grad
 
-    def push_dense(self, dense_grad: Any, iteration: int, final: bool = False) -> None:
+    def push_dense(
+        self, dense_grad: Any, iteration: int, final: bool = False, lr_scale: float = 1.0
+    ) -> None:
         """Hand the dense gradient to the dense sync (all-reduce and apply, or push); an
         all-reduce runs on in the background (:meth:`start_dense`)."""
         if self.dense.overlaps(final):
-            self.start_dense(to_host(dense_grad), iteration, final)
+            self.start_dense(to_host(dense_grad), iteration, final, lr_scale)
             return
         waited, started = self.dense.wait_seconds, time.perf_counter()
-        self.dense.update(to_host(dense_grad), iteration, final)
+        self.dense.update(to_host(dense_grad), iteration, final, lr_scale)
         self.timer.add_blocked("dense_push", time.perf_counter() - started,
                                self.dense.wait_seconds - waited)  # fmt: skip
 
-    def start_dense(self, grad: npt.NDArray[np.float32], iteration: int, final: bool) -> None:
+    def start_dense(
+        self, grad: npt.NDArray[np.float32], iteration: int, final: bool, lr_scale: float = 1.0
+    ) -> None:
         """Start the dense update and leave it running: the report, the wait for the next
         plan and the next pulls need none of it; :meth:`settle_dense` waits for it."""
         self._dense_waited = self.dense.wait_seconds
-        self.dense.start_update(grad, iteration, final)
+        self.dense.start_update(grad, iteration, final, lr_scale)
 
     def settle_dense(self) -> None:
         """Before a forward pass: wait for the dense update still running, counted as

@@ -38,6 +38,7 @@ from heraldps.client.arguments import (
 from heraldps.client.assemble import place
 from heraldps.client.routing import Index, count, plan_requests
 from heraldps.errors import Internal, InvalidArgument, Unavailable, VersionConflict, shown
+from heraldps.optim import lr_scale_of
 from heraldps.security import PLAIN, ClientSecurity, open_channel
 from heraldps.serving import channel_options
 from heraldps.v1 import ps_pb2, ps_pb2_grpc
@@ -297,11 +298,13 @@ class ShardClient:
         ]
         return rpc.gather(calls, _nothing)
 
-    def commit(self, iteration: int) -> int:
-        """Commit ``iteration`` on every shard; return the rows updated (0 if already done)."""
+    def commit(self, iteration: int, lr_scale: float = 1.0) -> int:
+        """Commit ``iteration`` on every shard, its optimizers' lr times ``lr_scale``; return
+        the rows updated (0 if already done)."""
         iteration = integer(iteration, "commit: iteration")
         checks.iteration("commit", iteration)
-        request = ps_pb2.CommitRequest(iteration=iteration, fence=self.fence)
+        lr_scale_of(lr_scale)  # refused here, before any shard sees it
+        request = ps_pb2.CommitRequest(iteration=iteration, fence=self.fence, lr_scale=lr_scale)
         responses = self._all_shards("Commit", request)
         return sum(r.rows_updated for r in responses)
 

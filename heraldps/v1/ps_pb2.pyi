@@ -543,10 +543,16 @@ class CommitRequest(_message.Message):
 
     ITERATION_FIELD_NUMBER: _builtins.int
     FENCE_FIELD_NUMBER: _builtins.int
+    LR_SCALE_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     """Committing the last committed iteration again is a no-op; an older one is
     FAILED_PRECONDITION. Buffers of every iteration <= this one are applied
     in ascending order.
+    """
+    lr_scale: _builtins.float
+    """Multiplies the learning rate of every table's optimizer for the gradients
+    this commit applies (the scheduler's SubmitBatchRequest.lr_scale of
+    `iteration`; every buffer the call applies uses it). 0 (unset) means 1.0.
     """
     @_builtins.property
     def fence(self) -> Global___Fence:
@@ -559,10 +565,11 @@ class CommitRequest(_message.Message):
         *,
         iteration: _builtins.int = ...,
         fence: Global___Fence | None = ...,
+        lr_scale: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "iteration", b"iteration"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence", b"fence", "iteration", b"iteration", "lr_scale", b"lr_scale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

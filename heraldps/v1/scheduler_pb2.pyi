@@ -153,6 +153,8 @@ class SubmitBatchRequest(_message.Message):
     KEYS_FIELD_NUMBER: _builtins.int
     TABLE_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    LR_SCALE_FIELD_NUMBER: _builtins.int
+    FLUSH_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     """Must be the next iteration (0 for the first batch)."""
     offsets: _builtins.bytes
@@ -161,6 +163,22 @@ class SubmitBatchRequest(_message.Message):
     """Little-endian int64 keys of every sample, concatenated."""
     table: _builtins.str
     """Table the keys belong to; empty means the scheduler's table."""
+    lr_scale: _builtins.float
+    """Multiplies the optimizers' learning rate for this iteration (a schedule's
+    decay): the embedding rows' optimizer at the PS commit and in the worker
+    caches, and the dense optimizer (all-reduce replicas or the PS dense
+    table). 0 (unset) means 1.0. The scheduler hands it to every worker in the
+    iteration's plans (CommPlan.lr_scale) and to the shards in the iteration's
+    Commit, so every place applies lr * lr_scale (double arithmetic) at the
+    same iteration.
+    """
+    flush: _builtins.bool
+    """The PS must hold the exact model once this iteration is committed (the end
+    of an epoch, before an evaluation): its plans write back every row still
+    dirty and store the dense replica, as at a checkpoint (CommPlan.checkpoint,
+    no snapshot is taken), and they are released at once, without waiting for
+    the next batch (after the flush no write-back depends on it).
+    """
     @_builtins.property
     def batch(self) -> _types_pb2.SampleBlock:
         """The whole samples of the batch (keys, fields, labels, dense features).
@@ -178,10 +196,12 @@ class SubmitBatchRequest(_message.Message):
         keys: _builtins.bytes = ...,
         table: _builtins.str = ...,
         batch: _types_pb2.SampleBlock | None = ...,
+        lr_scale: _builtins.float = ...,
+        flush: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "iteration", b"iteration", "keys", b"keys", "offsets", b"offsets", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "flush", b"flush", "iteration", b"iteration", "keys", b"keys", "lr_scale", b"lr_scale", "offsets", b"offsets", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -287,6 +307,7 @@ class CommPlan(_message.Message):
     MINI_BATCH_FIELD_NUMBER: _builtins.int
     PULL_EARLY_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FIELD_NUMBER: _builtins.int
+    LR_SCALE_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     worker_id: _builtins.int
     table: _builtins.str
@@ -328,6 +349,14 @@ class CommPlan(_message.Message):
     clean), and the worker stores its dense replica on the PS before it
     reports (worker 0 under the all-reduce). Once every worker reported, the
     scheduler commits the iteration and snapshots every shard.
+
+    Also set on the plans of a flushed iteration (SubmitBatchRequest.flush):
+    the same flush, without a snapshot.
+    """
+    lr_scale: _builtins.float
+    """The iteration's learning-rate multiplier (SubmitBatchRequest.lr_scale):
+    every optimizer this worker applies for `iteration` (its cache's rows, its
+    dense replica) uses lr * lr_scale. 0 (unset) means 1.0.
     """
     @_builtins.property
     def mini_batch(self) -> _types_pb2.SampleBlock:
@@ -351,10 +380,11 @@ class CommPlan(_message.Message):
         mini_batch: _types_pb2.SampleBlock | None = ...,
         pull_early: _builtins.bytes = ...,
         checkpoint: _builtins.bool = ...,
+        lr_scale: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["mini_batch", b"mini_batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "lr_scale", b"lr_scale", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -516,6 +546,8 @@ class SchedulerStatus(_message.Message):
     FINISHED_FIELD_NUMBER: _builtins.int
     REPORTED_FIELD_NUMBER: _builtins.int
     LAST_LOSS_FIELD_NUMBER: _builtins.int
+    COMMITTED_LOSS_SUM_FIELD_NUMBER: _builtins.int
+    COMMITTED_SAMPLES_FIELD_NUMBER: _builtins.int
     num_workers: _builtins.int
     committed_iteration: _builtins.int
     """-1 before the first commit."""
@@ -526,6 +558,12 @@ class SchedulerStatus(_message.Message):
     finished: _builtins.bool
     last_loss: _builtins.float
     """Mean training loss of the last committed iteration (NaN before any)."""
+    committed_loss_sum: _builtins.float
+    """Sum of the training loss over every sample of every iteration committed by
+    this scheduler, and those samples: a client's mean over a span of
+    iterations (an epoch) is the difference of two readings of each.
+    """
+    committed_samples: _builtins.int
     @_builtins.property
     def registered_workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -543,10 +581,12 @@ class SchedulerStatus(_message.Message):
         finished: _builtins.bool = ...,
         reported: Global___TrafficCounters | None = ...,
         last_loss: _builtins.float = ...,
+        committed_loss_sum: _builtins.float = ...,
+        committed_samples: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["reported", b"reported"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "committed_iteration", b"committed_iteration", "finished", b"finished", "last_loss", b"last_loss", "next_batch_iteration", b"next_batch_iteration", "num_workers", b"num_workers", "registered_workers", b"registered_workers", "reported", b"reported"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "committed_iteration", b"committed_iteration", "committed_loss_sum", b"committed_loss_sum", "committed_samples", b"committed_samples", "finished", b"finished", "last_loss", b"last_loss", "next_batch_iteration", b"next_batch_iteration", "num_workers", b"num_workers", "registered_workers", b"registered_workers", "reported", b"reported"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,6 +25,7 @@ from launcher.cli import (
     ps,
     scheduler,
     simulate,
+    train,
     warmup,
     worker,
 )
@@ -37,6 +38,7 @@ COMMANDS: tuple[Command, ...] = (
     worker.COMMAND,
     feed.COMMAND,
     local.COMMAND,
+    train.COMMAND,
     export.COMMAND,
     predict.COMMAND,
     simulate.COMMAND,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from heraldps.activations import ACTIVATIONS
 from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--job",
+        default=None,
+        help="a job file (docs/training.md): its data, model, optimizer, epochs and cluster "
+        "set the flags' values; a flag given on the command line wins",
+    )
     add_data_arguments(p)
     p.add_argument(
         "--eval-data",
@@ -322,6 +328,50 @@ def splits(args: argparse.Namespace, job: TrainingJob) -> Splits:
     return Splits(job, train, held_out, held_out_rows, profile.total_distinct_keys, sizes)
 
 
+def job_file_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``--job FILE``: the flags its sections set (``heraldps.job_file`` maps the file; the
+    flags take the job it makes), for every flag still at its default; the job fields no
+    flag has (seed, batch_norm, ...) are returned to be set on the job."""
+    from heraldps import job_file
+
+    jf = job_file.load(args.job)
+    job = jf.job
+    plain = argparse.ArgumentParser(add_help=False)
+    add_arguments(plain)
+    defaults = vars(plain.parse_args([]))
+    spec = job.data_spec()
+    transforms = set(job.dense_transforms or ())
+    from_file: dict[str, object] = {
+        "data": job.data, "format": job.format, "label_column": job.label_column,
+        "sparse_columns": ",".join(job.sparse_columns) if job.sparse_columns else None,
+        "dense_columns": ",".join(job.dense_columns) if job.dense_columns else None,
+        "dense_transform": (next(iter(transforms)) if len(transforms) == 1 else
+                            ",".join(f"{c}={t}" for c, t in
+                                     zip(spec.dense(), spec.transforms(), strict=True))
+                            if transforms else None),
+        "eval_data": jf.splits.valid or jf.splits.test,
+        "eval_fraction": jf.splits.valid_fraction or defaults["eval_fraction"],
+        "modes": jf.cluster.mode, "workers": job.workers, "shards": jf.cluster.shards,
+        "batch_size_per_worker": job.batch_size_per_worker, "epochs": job.epochs,
+        "cache_fraction": jf.cluster.cache_fraction, "optimizer": job.optimizer, "lr": job.lr,
+        "embedding_l2": job.embedding_l2, "weight_decay": job.weight_decay,
+        "embedding_dim": job.embedding_dim, "hidden_layers": job.hidden,
+        "activation": job.activation, "dropout": job.dropout, "policy": job.policy,
+        "device": job.device, "dense_sync": job.dense_sync, "staleness": job.staleness,
+        "store": jf.cluster.store, "cache_gb": jf.cluster.cache_gb,
+    }  # fmt: skip
+    for dest, value in from_file.items():
+        if getattr(args, dest) == defaults[dest]:
+            setattr(args, dest, value)
+    covered = {"data", "format", "label_column", "sparse_columns", "dense_columns",
+               "dense_transforms", "workers", "batch_size_per_worker", "epochs", "optimizer",
+               "lr", "embedding_l2", "weight_decay", "embedding_dim", "hidden", "activation",
+               "dropout", "policy", "device", "dense_sync", "staleness"}  # fmt: skip
+    default_job = type(job)(data=job.data)
+    return {k: v for k, v in asdict(job).items()
+            if k not in covered and v != getattr(default_job, k)}  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -343,6 +393,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler_service.simulate import cache_rows_for
     from worker_client.device import array_module
 
+    extra = job_file_flags(args) if args.job else {}
     modes = modes_of(args.modes)
     check_export(args.export, modes)
     check_network(args.link_mbit, args.ps_link_mbit)
@@ -364,6 +415,7 @@ def run(args: argparse.Namespace) -> int:
         embedding_l2=args.embedding_l2,
         weight_decay=args.weight_decay,
     )  # fmt: skip
+    job = replace(job, **extra)  # --job: the fields no flag sets (seed, ...)
     data = splits(args, job)
     job, train, held_out = data.job, data.train, data.held_out
     job = replace(job, cache_rows=cache_rows_for(data.distinct_keys, args.cache_fraction))

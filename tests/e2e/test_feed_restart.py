@@ -11,7 +11,6 @@ real ``heraldps`` subprocess.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from heraldps.client import PSClient
 from heraldps.job import TrainingJob
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.local import read_model
-from tests.processes import port, start, stop_all
+from tests.processes import deployed_cluster, start, stop_all
 from worker_client.reference import ReferenceTrainer
 
 ITERATIONS = 24
@@ -41,25 +40,8 @@ def _committed(stub: scheduler_pb2_grpc.SchedulerStub) -> int:
 def test_a_killed_feed_restarts_and_the_model_is_exact(tmp_path: Path) -> None:
     job = tmp_path / "job.json"
     job.write_text(JOB.to_json())
-    procs: list[subprocess.Popen[bytes]] = []
+    procs, ps, scheduler = deployed_cluster(tmp_path, job)
     try:
-        shard = start("ps", ["ps", "--port", "0", "--port-file", str(tmp_path / "ps.port")],
-                       tmp_path)  # fmt: skip
-        procs.append(shard)
-        ps = f"127.0.0.1:{port(tmp_path / 'ps.port', shard, tmp_path, 'ps')}"
-        scheduler_proc = start(
-            "scheduler",
-            ["scheduler", "--workers", "2", "--cache-rows", "2000", "--ps", ps, "--port", "0",
-             "--port-file", str(tmp_path / "scheduler.port")],
-            tmp_path,
-        )  # fmt: skip
-        procs.append(scheduler_proc)
-        bound = port(tmp_path / "scheduler.port", scheduler_proc, tmp_path, "scheduler")
-        scheduler = f"127.0.0.1:{bound}"
-        for w in range(2):
-            procs.append(start(f"worker{w}", [
-                "worker", "--job", str(job), "--worker-id", str(w), "--scheduler", scheduler,
-                "--ps", ps, "--timeout-seconds", "60"], tmp_path))  # fmt: skip
         feed_args = ["feed", "--job", str(job), "--scheduler", scheduler, "--ps", ps,
                      "--timeout-seconds", "60"]  # fmt: skip
         channel = grpc.insecure_channel(scheduler)

@@ -1,0 +1,121 @@
+"""``heraldps train --job FILE``: train one job to the end (docs/training.md)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from heraldps.modes import ALL_MODES
+from launcher.cli.command import Command, at_least, port_number, positive
+
+# Flag -> the job file's "section.key" it overrides.
+OVERRIDES = {
+    "mode": "cluster.mode",
+    "workers": "cluster.workers",
+    "batch_size_per_worker": "cluster.batch_size_per_worker",
+    "shards": "cluster.shards",
+    "seed": "schedule.seed",
+    "max_epochs": "schedule.max_epochs",
+    "patience": "schedule.patience",
+    "lr": "optimizer.lr",
+    "out": "output.dir",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--job", required=True, help="the job file (YAML or JSON; docs/training.md)")
+    p.add_argument("--out", default=None, help="output directory (overrides output.dir)")
+    p.add_argument("--mode", default=None, choices=ALL_MODES, help="overrides cluster.mode")
+    p.add_argument("--workers", type=at_least(1), default=None, help="overrides cluster.workers")
+    p.add_argument(
+        "--batch-size-per-worker",
+        type=at_least(1),
+        default=None,
+        help="overrides cluster.batch_size_per_worker",
+    )
+    p.add_argument("--shards", type=at_least(1), default=None, help="overrides cluster.shards")
+    p.add_argument("--seed", type=at_least(0), default=None, help="overrides schedule.seed")
+    p.add_argument(
+        "--max-epochs", type=at_least(1), default=None, help="overrides schedule.max_epochs"
+    )
+    p.add_argument("--patience", type=at_least(1), default=None, help="overrides schedule.patience")
+    p.add_argument("--lr", type=positive, default=None, help="overrides optimizer.lr")
+    p.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="serve the per-epoch figures as Prometheus gauges on /metrics here (0: free)",
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics binds")
+
+
+def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given, as the job file keys they override."""
+    return {key: getattr(args, flag) for flag, key in OVERRIDES.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from heraldps import job_file
+    from heraldps.errors import InvalidArgument
+    from heraldps.ports import serve_metrics
+    from launcher.lifeline import stop_on_signals
+    from launcher.train import Trainer, TrainMetrics, read_data
+
+    jf = job_file.load(args.job, overrides_of(args))
+    if jf.output is None:
+        raise InvalidArgument("give --out DIR or output.dir in the job file")
+    out = Path(jf.output)
+    if (out / "report.json").exists() or (out / "best").exists():
+        raise InvalidArgument(f"--out {out} holds an earlier run (report.json or best/); "
+                              "give a new directory or remove it")  # fmt: skip
+    print(f"heraldps train: job file {args.job}")
+    print(json.dumps(jf.settings, indent=2, default=str))
+    data = read_data(jf)
+    from scheduler_service.simulate import cache_rows_for
+
+    job = data.job
+    # Never below one worker's largest possible mini-batch (any shuffle of the rows).
+    cache_rows = max(cache_rows_for(job.distinct_keys or 1, jf.cluster.cache_fraction),
+                     job.batch_size_per_worker * job.num_fields)  # fmt: skip
+    print(
+        f"resolved: {job.train_rows:,} training rows, {job.distinct_keys:,} distinct keys, "
+        f"mode {jf.cluster.mode}, {job.workers} workers x {job.batch_size_per_worker}, "
+        f"{jf.cluster.shards} {jf.cluster.store} shards, cache {cache_rows:,} rows per "
+        f"worker, {job.optimizer} lr {job.make_optimizer().lr:g}, up to "
+        f"{jf.schedule.max_epochs} epochs (monitor {jf.schedule.monitor}, patience "
+        f"{jf.schedule.patience}, lr x{jf.schedule.lr_decay:g} after "
+        f"{jf.schedule.lr_patience} epochs without improvement); out {out}",
+        flush=True,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = TrainMetrics()
+    if args.metrics_port is not None:
+        server = serve_metrics(args.metrics_port, args.metrics_host, metrics.registry,
+                               "heraldps train")  # fmt: skip
+        print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
+    with stop_on_signals():
+        trainer = Trainer(jf, data, out, cache_rows,
+                          say=lambda line: print(line, flush=True), metrics=metrics)  # fmt: skip
+        report = trainer.run()
+    print(f"best epoch {report['best_epoch']}: test AUC {report['test_auc']:.6f}, logloss "
+          f"{report['test_logloss']:.6f} (scored from {out / 'best'}); report "
+          f"{out / 'report.json'}, curves {out / 'curves.png'}")  # fmt: skip
+    return 0
+
+
+COMMAND = Command(
+    name="train",
+    help="train one job to the end: epochs, validation, early stopping, best model",
+    description="Read a job file (docs/training.md), start a local cluster (PS shards, "
+    "scheduler, workers) in one mode, and train epoch by epoch: shuffle, feed, flush, "
+    "evaluate the validation split, keep the best model (OUT/best), decay the learning rate "
+    "on a plateau, stop early; then score the test split with the best model and write "
+    "OUT/report.json and OUT/curves.png. Flags override the job file.",
+    add_arguments=add_arguments,
+    run=run,
+    failure_code=1,
+    interrupted="interrupted; every process was stopped",
+)
