@@ -147,6 +147,7 @@ class Trainer:
         self.best_epoch = 0
         self.traffic: dict[str, int] = {}
         self.evals: list[dict[str, float]] = []  # validations within epochs (eval_every)
+        self.walls: list[float] = []  # each epoch's wall seconds, its validations included
         self.stop = threading.Event()  # set: the feeding thread stops submitting
         self.feeder = ThreadPoolExecutor(1, thread_name_prefix="feeder")
 
@@ -213,6 +214,7 @@ class Trainer:
         base_lr = job.make_optimizer().lr
         scale, best, since_best, since_decay, t = 1.0, None, 0, 0, 0
         for epoch in range(1, sched.max_epochs + 1):
+            epoch_began = time.perf_counter()
             count, batches = self._epoch_batches(epoch)
             before = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
             seconds = 0.0
@@ -258,6 +260,7 @@ class Trainer:
                 if sched.lr_decay < 1 and since_decay >= sched.lr_patience:
                     scale *= sched.lr_decay
                     since_decay = 0
+            self.walls.append(time.perf_counter() - epoch_began)  # training, flush, validation
             self.metrics.observe(record, self.best_epoch)
             self.say(self._line(record, sched.max_epochs))
             if since_best >= sched.patience:
@@ -305,7 +308,7 @@ class Trainer:
         return len(batches), iter(batches)
 
     def _line(self, e: Epoch, max_epochs: int) -> str:
-        mean = sum(x.seconds for x in self.epochs) / len(self.epochs)
+        mean = sum(self.walls) / len(self.walls)  # whole epochs, validation included
         left = (max_epochs - e.epoch) * mean
         mark = " *" if e.improved else ""
         return (f"epoch {e.epoch}/{max_epochs}: train loss {e.train_loss:.6f}, valid AUC "
