@@ -415,36 +415,31 @@ def read_data(job_file: JobFile) -> Data:
     """The splits of the job file, checked in a first pass; the training rows read into
     memory when the job shuffles (the per-epoch permutation needs them there), else
     streamed from the file every epoch."""
-    from heraldps.data import count_rows
+    from heraldps.job_file import row_split
     from launcher.cli.data import first_pass
 
-    job, splits = job_file.job, job_file.splits
-    cut = total = None
-    if splits.valid_fraction or splits.test_fraction:
-        total = count_rows(job.data_spec())
-        held = int(total * splits.valid_fraction) + int(total * splits.test_fraction)
-        cut = total - held
-        if cut < job.global_batch:
-            raise ClusterError(f"the training split has {cut} rows, fewer than one global batch")
-        job = replace(job, max_rows=cut)
+    job, splits, split = job_file.job, job_file.splits, row_split(job_file)
+    if split is not None:
+        if split.train < job.global_batch:
+            raise ClusterError(f"the training split has {split.train} rows, fewer than one "
+                               f"global batch of {job.global_batch}")  # fmt: skip
+        job = replace(job, max_rows=split.train)
     profile = first_pass(job.data_spec(), "first pass")
     stats = tuple(s.to_dict() for s in profile.dense_stats)
     job = replace(job, dense_stats=stats or None, train_rows=profile.rows,
                   distinct_keys=profile.total_distinct_keys,
                   dense_transforms=job.data_spec().transforms() or None)  # fmt: skip
 
-    def held_out(path: str | None, fraction: float, offset: int) -> DataSpec | None:
+    def held_out(path: str | None, start: int, rows: int) -> DataSpec | None:
         if path is not None:
             return job.data_spec(path)
-        if not fraction or cut is None or total is None:
+        if not rows:
             return None
-        start = cut + offset
-        rows = int(total * fraction)
         return job.data_spec(job.data).with_rows(start, start + rows)
 
-    valid = held_out(splits.valid, splits.valid_fraction, 0)
-    test = held_out(splits.test, splits.test_fraction,
-                    int(total * splits.valid_fraction) if total else 0)  # fmt: skip
+    at = split.train if split else 0
+    valid = held_out(splits.valid, at, split.valid if split else 0)
+    test = held_out(splits.test, at + (split.valid if split else 0), split.test if split else 0)
     # Without the shuffle the batches stream from the file: memory follows the batches.
     train = read_all(job.data_spec()) if job_file.schedule.shuffle else None
     return Data(job, train, valid, test)
