@@ -91,16 +91,24 @@ class JobFile:
 
 
 def read(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a YAML or JSON file (JSON is YAML)."""
+    """The raw mapping of a JSON or YAML file (JSON first: a ``job.json`` may hold NaN,
+    which YAML reads as a string)."""
+    import json
+
     import yaml
 
     where = Path(path)
     try:
-        raw = yaml.safe_load(where.read_text())
+        text = where.read_text()
     except FileNotFoundError:  # an OSError, as reading a job.json always raised
         raise FileNotFoundError(f"job file {where}: no such file") from None
-    except yaml.YAMLError as exc:
-        raise InvalidArgument(f"job file {where}: not valid YAML or JSON ({exc})") from None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InvalidArgument(f"job file {where}: not valid YAML or JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise InvalidArgument(f"job file {where}: must be a mapping of sections")
     return raw
