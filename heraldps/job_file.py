@@ -91,16 +91,24 @@ class JobFile:
 
 
 def read(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a YAML or JSON file (JSON is YAML)."""
+    """The raw mapping of a JSON or YAML file (JSON first: a ``job.json`` may hold NaN,
+    which YAML reads as a string)."""
+    import json
+
     import yaml
 
     where = Path(path)
     try:
-        raw = yaml.safe_load(where.read_text())
+        text = where.read_text()
     except FileNotFoundError:  # an OSError, as reading a job.json always raised
         raise FileNotFoundError(f"job file {where}: no such file") from None
-    except yaml.YAMLError as exc:
-        raise InvalidArgument(f"job file {where}: not valid YAML or JSON ({exc})") from None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InvalidArgument(f"job file {where}: not valid YAML or JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise InvalidArgument(f"job file {where}: must be a mapping of sections")
     return raw
@@ -242,6 +250,41 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> JobFile:
     if output is not None:
         output = str(_path(output, path))
     return JobFile(path, raw, job, splits, schedule, cluster, output)
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """Where the fractions of ``data.train`` fall: rows ``[0, train)`` train, then
+    ``valid`` rows of validation, then ``test`` rows of test."""
+
+    total: int
+    train: int
+    valid: int
+    test: int
+
+
+def row_split(jf: JobFile) -> RowSplit | None:
+    """The row ranges ``valid_fraction`` and ``test_fraction`` hold out of ``data.train``
+    (its last rows, in file order), counted by parsing the file; None without fractions."""
+    s = jf.splits
+    if not (s.valid_fraction or s.test_fraction):
+        return None
+    from heraldps.data import count_rows
+
+    total = count_rows(jf.job.data_spec())
+    valid, test = int(total * s.valid_fraction), int(total * s.test_fraction)
+    return RowSplit(total, total - valid - test, valid, test)
+
+
+def training_split(jf: JobFile) -> TrainingJob:
+    """The job training only the train split: with fractions, the rows before the held-out
+    ones (``max_rows``), so ``heraldps train`` and ``heraldps feed`` train the same rows."""
+    split = row_split(jf)
+    if split is None:
+        return jf.job
+    from dataclasses import replace
+
+    return replace(jf.job, max_rows=split.train)
 
 
 def training_job(path: str | Path) -> TrainingJob:

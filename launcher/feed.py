@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
@@ -151,7 +152,7 @@ def run_feed(config: FeedConfig) -> None:
     """Feed the job to the cluster and wait for the last commit; FeedError on failure."""
     if not config.ps:
         raise FeedError("--ps needs the PS shard addresses, comma-separated, in shard order")
-    job = TrainingJob.load(config.job)  # a job.json or a job file (heraldps.job_file)
+    job = _load_job(config.job)
     check(job.data_spec())  # a wrong column or format fails here, before any batch is sent
     if job.data_spec().needs_stats():  # a job file's standardize/minmax: a first pass
         from dataclasses import replace
@@ -192,6 +193,18 @@ def run_feed(config: FeedConfig) -> None:
         metrics.submitted.set(len(batches))
         _wait_committed(stub, len(batches) - 1, timeout, metrics)
     log.info("all %d iterations committed", len(batches))
+
+
+def _load_job(path: str) -> TrainingJob:
+    """A ``job.json``, or a job file (``heraldps.job_file``): its train split, the rows
+    before those ``valid_fraction`` and ``test_fraction`` hold out, as ``heraldps train``
+    trains it."""
+    from heraldps import job_file
+
+    raw = job_file.read(path)
+    if not job_file.is_job_file(raw):
+        return TrainingJob.load(path)
+    return job_file.training_split(job_file.from_dict(raw, Path(path)))
 
 
 def job_batches(job: TrainingJob) -> StreamedBatches:

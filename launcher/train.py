@@ -147,6 +147,7 @@ class Trainer:
         self.best_epoch = 0
         self.traffic: dict[str, int] = {}
         self.evals: list[dict[str, float]] = []  # validations within epochs (eval_every)
+        self.walls: list[float] = []  # each epoch's wall seconds, its validations included
         self.stop = threading.Event()  # set: the feeding thread stops submitting
         self.feeder = ThreadPoolExecutor(1, thread_name_prefix="feeder")
 
@@ -213,6 +214,7 @@ class Trainer:
         base_lr = job.make_optimizer().lr
         scale, best, since_best, since_decay, t = 1.0, None, 0, 0, 0
         for epoch in range(1, sched.max_epochs + 1):
+            epoch_began = time.perf_counter()
             count, batches = self._epoch_batches(epoch)
             before = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
             seconds = 0.0
@@ -258,6 +260,7 @@ class Trainer:
                 if sched.lr_decay < 1 and since_decay >= sched.lr_patience:
                     scale *= sched.lr_decay
                     since_decay = 0
+            self.walls.append(time.perf_counter() - epoch_began)  # training, flush, validation
             self.metrics.observe(record, self.best_epoch)
             self.say(self._line(record, sched.max_epochs))
             if since_best >= sched.patience:
@@ -305,7 +308,7 @@ class Trainer:
         return len(batches), iter(batches)
 
     def _line(self, e: Epoch, max_epochs: int) -> str:
-        mean = sum(x.seconds for x in self.epochs) / len(self.epochs)
+        mean = sum(self.walls) / len(self.walls)  # whole epochs, validation included
         left = (max_epochs - e.epoch) * mean
         mark = " *" if e.improved else ""
         return (f"epoch {e.epoch}/{max_epochs}: train loss {e.train_loss:.6f}, valid AUC "
@@ -412,36 +415,31 @@ def read_data(job_file: JobFile) -> Data:
     """The splits of the job file, checked in a first pass; the training rows read into
     memory when the job shuffles (the per-epoch permutation needs them there), else
     streamed from the file every epoch."""
-    from heraldps.data import count_rows
+    from heraldps.job_file import row_split
     from launcher.cli.data import first_pass
 
-    job, splits = job_file.job, job_file.splits
-    cut = total = None
-    if splits.valid_fraction or splits.test_fraction:
-        total = count_rows(job.data_spec())
-        held = int(total * splits.valid_fraction) + int(total * splits.test_fraction)
-        cut = total - held
-        if cut < job.global_batch:
-            raise ClusterError(f"the training split has {cut} rows, fewer than one global batch")
-        job = replace(job, max_rows=cut)
+    job, splits, split = job_file.job, job_file.splits, row_split(job_file)
+    if split is not None:
+        if split.train < job.global_batch:
+            raise ClusterError(f"the training split has {split.train} rows, fewer than one "
+                               f"global batch of {job.global_batch}")  # fmt: skip
+        job = replace(job, max_rows=split.train)
     profile = first_pass(job.data_spec(), "first pass")
     stats = tuple(s.to_dict() for s in profile.dense_stats)
     job = replace(job, dense_stats=stats or None, train_rows=profile.rows,
                   distinct_keys=profile.total_distinct_keys,
                   dense_transforms=job.data_spec().transforms() or None)  # fmt: skip
 
-    def held_out(path: str | None, fraction: float, offset: int) -> DataSpec | None:
+    def held_out(path: str | None, start: int, rows: int) -> DataSpec | None:
         if path is not None:
             return job.data_spec(path)
-        if not fraction or cut is None or total is None:
+        if not rows:
             return None
-        start = cut + offset
-        rows = int(total * fraction)
         return job.data_spec(job.data).with_rows(start, start + rows)
 
-    valid = held_out(splits.valid, splits.valid_fraction, 0)
-    test = held_out(splits.test, splits.test_fraction,
-                    int(total * splits.valid_fraction) if total else 0)  # fmt: skip
+    at = split.train if split else 0
+    valid = held_out(splits.valid, at, split.valid if split else 0)
+    test = held_out(splits.test, at + (split.valid if split else 0), split.test if split else 0)
     # Without the shuffle the batches stream from the file: memory follows the batches.
     train = read_all(job.data_spec()) if job_file.schedule.shuffle else None
     return Data(job, train, valid, test)

@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if (out / "report.json").exists() or (out / "best").exists():
         raise InvalidArgument(f"--out {out} holds an earlier run (report.json or best/); "
                               "give a new directory or remove it")  # fmt: skip
+    from worker_client.device import array_module
+
+    array_module(jf.job.device)  # cluster.device gpu without CuPy and a GPU: refused here
     print(f"heraldps train: job file {args.job}")
     print(json.dumps(jf.settings, indent=2, default=str))
     data = read_data(jf)

@@ -123,3 +123,17 @@ def test_local_takes_the_job_file_with_its_flags_winning(tmp_path: Path) -> None
         "naive", 64, 3, "adam", 0.002)  # fmt: skip
     assert (args.hidden_layers, args.embedding_dim, args.eval_fraction) == ((16, 8), 6, 0.1)
     assert extra == {"seed": 5}  # no flag of local's sets it: set on the job
+
+
+def test_fractions_hold_out_the_last_rows_for_train_and_feed_alike(tmp_path: Path) -> None:
+    from launcher.feed import _load_job
+
+    jf = job_file.from_dict({**SMALL, "data": {**SMALL["data"], "test_fraction": 0.05}})
+    split = job_file.row_split(jf)
+    assert split is not None and split.total == 7200  # the bundled sample's training file
+    assert (split.valid, split.test) == (720, 360) and split.train == 7200 - 720 - 360
+    assert job_file.training_split(jf).max_rows == split.train
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**SMALL, "data": {**SMALL["data"], "test_fraction": 0.05}}))
+    assert _load_job(str(path)).max_rows == split.train  # what heraldps feed trains
+    assert job_file.row_split(job_file.from_dict({**SMALL, "data": {"train": "x"}})) is None
