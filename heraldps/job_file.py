@@ -10,7 +10,7 @@ valid ones listed; relative data paths are relative to the job file's directory.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -238,13 +238,8 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> JobFile:
                 "dense_sync"):  # fmt: skip
         if key in cl:
             params[key] = cl[key]
-    if model.get("batch_norm"):
-        if "batch_norm" not in {f.name for f in fields(TrainingJob)}:
-            raise InvalidArgument(
-                f"{where}: model.batch_norm is not available in this heraldps yet; remove it "
-                "or set it to false"
-            )
-        params["batch_norm"] = True
+    if "batch_norm" in model:
+        params["batch_norm"] = bool(model["batch_norm"])
     job = TrainingJob(**params)
     output = out.get("dir")
     if output is not None:

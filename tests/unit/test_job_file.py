@@ -58,15 +58,11 @@ def test_unknown_sections_keys_and_values_are_refused_with_the_valid_ones(
         job_file.from_dict(raw)
 
 
-def test_batch_norm_passes_through_or_is_refused_clearly() -> None:
+def test_batch_norm_passes_through() -> None:
     raw = {**SMALL, "model": {**SMALL["model"], "batch_norm": True}}
-    if "batch_norm" in {f.name for f in fields(TrainingJob)}:
-        assert job_file.from_dict(raw).job.batch_norm  # type: ignore[attr-defined]
-    else:
-        with pytest.raises(InvalidArgument, match="batch_norm is not available"):
-            job_file.from_dict(raw)
+    assert job_file.from_dict(raw).job.batch_norm
     off = {**SMALL, "model": {**SMALL["model"], "batch_norm": False}}
-    job_file.from_dict(off)  # false is always fine
+    assert not job_file.from_dict(off).job.batch_norm
 
 
 def test_flags_override_the_file_and_paths_follow_the_file(tmp_path: Path) -> None:
