@@ -349,34 +349,3 @@ def test_an_exported_batch_norm_model_scores_with_its_running_statistics(
     assert not np.allclose(
         reference.model.predict(fresh, rows, mb.field_rows, mb.dense), expected
     )  # the running statistics matter, and they are the trained ones
-
-
-@pytest.mark.gpu
-def test_cupy_matches_numpy_with_batch_norm() -> None:
-    cupy = pytest.importorskip("cupy")
-    from worker_client.device import gpu_available
-
-    if not gpu_available():
-        pytest.skip("no CUDA GPU")
-    config = replace(BN, dropout=0.2)
-    batch = Batch(config, batch=32, rows=7, seed=11)
-    dense = trained_dense(DeepFM(config), 11)
-    ids = np.arange(320, 352, dtype=np.int64)
-    expected = batch.run(DeepFM(config), dense, 32.0, ids)
-    got = DeepFM(config, cupy).forward_backward(
-        cupy.asarray(dense), cupy.asarray(batch.emb), cupy.asarray(batch.field_rows),
-        cupy.asarray(batch.dense_x), cupy.asarray(batch.labels), loss_scale=32.0,
-        sample_ids=cupy.asarray(ids), batch_sum=lambda v: v,
-    )  # fmt: skip
-    assert got.loss_sum == pytest.approx(expected.loss_sum, rel=1e-5)
-    for g, e in ((got.emb_grad, expected.emb_grad), (got.dense_grad, expected.dense_grad)):
-        np.testing.assert_allclose(cupy.asnumpy(g), e, rtol=1e-4, atol=1e-6)
-    assert got.running is not None and expected.running is not None
-    np.testing.assert_allclose(got.running.values, expected.running.values, rtol=1e-5, atol=1e-7)
-    p = DeepFM(config, cupy).predict(
-        *(cupy.asarray(a) for a in (dense, batch.emb, batch.field_rows, batch.dense_x))
-    )
-    np.testing.assert_allclose(
-        cupy.asnumpy(p), DeepFM(config).predict(dense, batch.emb, batch.field_rows, batch.dense_x),
-        rtol=1e-5, atol=1e-7,
-    )  # fmt: skip
