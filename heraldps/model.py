@@ -3,7 +3,8 @@
 The same code runs on NumPy (CPU) and CuPy (GPU): it only uses array methods
 both share, and the one NumPy-only operation it needs, an unbuffered
 scatter-add, goes through :func:`scatter_add`. Every array is float32 and
-every scalar is cast to float32, so nothing silently upcasts to float64.
+every scalar is cast to float32, so nothing silently upcasts to float64
+(batch normalization takes its sums in float64 on purpose, with explicit casts).
 
 The model never owns its parameters. The embedding rows a mini-batch uses
 live in the worker's cache and are passed in as ``emb``; the dense (MLP,
@@ -102,7 +103,8 @@ class BatchNormParams(NamedTuple):
 
 
 class DenseParams(NamedTuple):
-    """Views into the flat dense vector (no copies): one ``(W, b)`` per MLP layer."""
+    """Views into the flat dense vector (no copies): one ``(W, b)`` per MLP layer, and
+    one :class:`BatchNormParams` per hidden layer with batch normalization."""
 
     layers: list[tuple[Any, Any]]  # W [in, out], b [out]; the last layer has out == 1
     w_lin: Any  # [num_dense]

@@ -389,7 +389,11 @@ def test_dropout_needs_the_sample_ids() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [TINY, *DEEP], ids=lambda c: f"{c.activation}-{c.dropout}")
+@pytest.mark.parametrize(
+    "config",
+    [TINY, *DEEP, replace(TINY, hidden=(5, 3), dropout=0.2, batch_norm=True)],
+    ids=lambda c: f"{c.activation}-{c.dropout}-{'bn' if c.batch_norm else ''}",
+)
 def test_cupy_matches_numpy(config: ModelConfig) -> None:
     cupy = pytest.importorskip("cupy")
     from worker_client.device import gpu_available
@@ -403,12 +407,19 @@ def test_cupy_matches_numpy(config: ModelConfig) -> None:
     got = DeepFM(config, cupy).forward_backward(
         cupy.asarray(dense), cupy.asarray(batch.emb), cupy.asarray(batch.field_rows),
         cupy.asarray(batch.dense_x), cupy.asarray(batch.labels), loss_scale=32.0,
-        sample_ids=cupy.asarray(ids),
+        sample_ids=cupy.asarray(ids), batch_sum=lambda v: v,  # batch norm: a host round trip
     )  # fmt: skip
     assert got[0] == pytest.approx(expected[0], rel=1e-5)
     for g, e in zip(got[1:3], expected[1:3], strict=True):
         assert g.dtype == np.float32
         np.testing.assert_allclose(cupy.asnumpy(g), e, rtol=1e-4, atol=1e-6)
+    if config.batch_norm:  # the running statistics, and prediction with them
+        np.testing.assert_allclose(got.running.values, expected.running.values, rtol=1e-5)
+        p = DeepFM(config, cupy).predict(
+            *(cupy.asarray(a) for a in (dense, batch.emb, batch.field_rows, batch.dense_x))
+        )
+        e = DeepFM(config).predict(dense, batch.emb, batch.field_rows, batch.dense_x)
+        np.testing.assert_allclose(cupy.asnumpy(p), e, rtol=1e-5, atol=1e-7)
 
 
 def test_training_learns_a_separable_problem() -> None:
