@@ -9,7 +9,8 @@ Times ``DeepFM.forward_backward`` (heraldps/model.py: what a worker runs per ste
 Frappe-like batches in BARS's shape (10 fields, dim 10, 400-400-400 ReLU, dropout 0.2; no
 batch norm, which heraldps/model.py does not have yet) against PyTorch's forward + backward
 of the same model (benchmarks/torch_deepfm.py without batch norm: gather, loss, backward; no
-optimizer step on either side), alternating, medians of wall time. NumPy and torch each use
+optimizer step on either side), alternating, medians of the process's CPU time (all
+threads: the machine is shared, so wall time measures the neighbours). NumPy and torch each use
 the threads their BLAS is given (``--threads``, default 2: the machine's cores). Then splits
 the NumPy step into its operations, each timed alone on the step's own arrays: the gather
 of the field embeddings, the forward matmuls, activation and dropout, the backward matmuls,
@@ -19,7 +20,10 @@ the elementwise rest and the embedding gradient's scatter-add (``np.add.at``).
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -55,12 +59,29 @@ def batch_arrays(batch: int, seed: int = 0) -> dict[str, Any]:
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """Median CPU time of the process (every thread's: BLAS and torch use several) per call:
+    on a shared machine, the time other processes take the cores does not count."""
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return statistics.median(times)
+
+
+def profile_step(fn: Callable[[], object], repeats: int, top: int = 12) -> None:
+    """cProfile of the NumPy step: the model's Python functions by own time (a matmul or
+    ufunc written inline counts to the function that runs it)."""
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    for _ in range(repeats):
+        fn()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    lines = out.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if "ncalls" in line)
+    print("\n".join("    " + line for line in lines[start : start + top + 1]))
 
 
 def numpy_step(model: DeepFM, params: np.ndarray, a: dict[str, Any]) -> Callable[[], object]:
@@ -180,15 +201,17 @@ def main() -> int:
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"\nbatch {batch} ({a['emb'].shape[0]} unique rows): forward+backward")
         for name, sec in med.items():
-            print(f"  {name:6s} {sec * 1e3:8.1f} ms  {batch / sec:10,.0f} samples/s")
+            print(f"  {name:6s} {sec * 1e3:8.1f} CPU ms  {batch / sec:10,.0f} samples per CPU s")
         if "torch" in med:
             print(f"  numpy / torch time: {med['numpy'] / med['torch']:.2f}x")
         total = 0.0
         for name, fn in operations(model, params, a).items():
             sec = median_seconds(fn, args.repeats)
             total += sec
-            print(f"    {name:24s} {sec * 1e3:8.2f} ms  {100 * sec / med['numpy']:5.1f}%")
-        print(f"    {'sum of the parts':24s} {total * 1e3:8.2f} ms")
+            print(f"    {name:24s} {sec * 1e3:8.2f} CPU ms  {100 * sec / med['numpy']:5.1f}%")
+        print(f"    {'sum of the parts':24s} {total * 1e3:8.2f} CPU ms")
+        print(f"  cProfile of {args.repeats} NumPy steps (CPU seconds):")
+        profile_step(np_step, args.repeats)
     return 0
 
 
