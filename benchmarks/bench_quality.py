@@ -16,8 +16,8 @@ Frappe (default job ``examples/jobs/frappe_bars.yaml``, BARS's configuration):
 2. same model: herald vs naive for the same seed (test AUC difference; the largest absolute
    difference of the two exported models where both runs exported one), beside the
    shuffled-naive control of launcher/divergence.py: naive, herald and naive with each batch's
-   samples permuted, ``--control-iterations`` iterations of the same model on a fresh local
-   cluster each (a short run: the control measures float32 summation order, not the schedule).
+   samples permuted, ``--control-iterations`` iterations of the same model without dropout on a
+   fresh local cluster each (a short run: the control measures float32 summation order).
 3. speed: ``heraldps train`` with 1 worker x the job's global batch and 1 shard against the
    single-process PyTorch DeepFM of benchmarks/torch_deepfm.py (same data, shape, batch and
    optimizer), in the same run; then 2 and 4 workers. Target: >= 0.5x the torch samples/s.
@@ -198,18 +198,20 @@ def exported_difference(dir_a: str, dir_b: str) -> float:
 
 def control_rows(iterations: int, seed: int, workdir: Path) -> list[dict[str, Any]]:
     """naive, herald and shuffled naive on Frappe over ``iterations`` iterations of the BARS
-    model shape (without batch norm: ``TrainingJob`` has no such field yet), 4 workers x 1024,
-    2 shards; each model's largest difference from naive's (launcher/divergence.py)."""
+    model shape, 4 workers x 1024, 2 shards; each model's largest difference from naive's
+    (launcher/divergence.py). Without batch norm (``TrainingJob`` has no such field yet) and
+    without dropout: a sample's mask follows its index in the global batch, so permuting a
+    batch's samples would change the masks, not only the summation order."""
     job = TrainingJob(
         data=str(SHARED / "frappe_x1" / "train.csv"), format="csv",
         sparse_columns=FRAPPE_FIELDS, label_column="label", workers=4,
         batch_size_per_worker=1024, iterations=iterations, epochs=1000, optimizer="adam",
-        lr=1e-3, embedding_l2=0.05, embedding_dim=10, hidden=(400, 400, 400), dropout=0.2,
+        lr=1e-3, embedding_l2=0.05, embedding_dim=10, hidden=(400, 400, 400), dropout=0.0,
         seed=seed,
     )  # fmt: skip
     data = job.read()
     test = job.read(str(SHARED / "frappe_x1" / "test.csv"))
-    job = replace(job, cache_rows=cache_rows_for(data, 0.1))
+    job = replace(job, cache_rows=cache_rows_for(data, 1.0))  # Frappe: 5,382 keys
     batches = InMemoryBatches(data, job.global_batch, job.iterations, job.epochs)
     shuffled = ShuffledBatches(data, job.global_batch, job.iterations, job.epochs, 0)
     runs = {}
