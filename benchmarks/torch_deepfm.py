@@ -61,6 +61,9 @@ class TorchConfig:
     batch_size: int = 4096
     embedding_l2: float = 0.05
     weight_decay: float = 0.0
+    # "rows": Adam on the rows a batch uses (the PS's); "table": torch.optim.Adam on the whole
+    # table, whose untouched rows keep moving with their moments (a plain PyTorch model's).
+    embedding_adam: str = "rows"
     max_epochs: int = 100
     patience: int = 2
     lr_decay: float = 0.1
@@ -258,6 +261,25 @@ class RowAdam:
         self.m[rows], self.v[rows], self.step[rows] = m, v, step
 
 
+class TableAdam(RowAdam):
+    """``torch.optim.Adam`` on the whole table (``embedding_adam="table"``), fed the batch's
+    gradient with ``l2 * w`` on the rows the batch uses: every row moves at every step."""
+
+    def __init__(self, table: torch.Tensor, cfg: TorchConfig) -> None:
+        super().__init__(table, cfg)
+        self.param = torch.nn.Parameter(table, requires_grad=False)
+        self.adam = torch.optim.Adam([self.param], lr=cfg.lr, eps=cfg.eps)
+
+    @torch.no_grad()
+    def apply(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        full = torch.zeros_like(self.table)
+        full[rows] = grads + self.l2 * self.table[rows] if self.l2 else grads
+        self.param.grad = full
+        for group in self.adam.param_groups:
+            group["lr"] = self.lr
+        self.adam.step()
+
+
 def train_step(
     model: TorchDeepFM, rows_opt: RowAdam, dense_opt: torch.optim.Optimizer, batch: Split
 ) -> float:
@@ -314,7 +336,9 @@ def fit(
     model = TorchDeepFM(num_rows, train.rows.shape[1], train.dense.shape[1], cfg)
     dense = [p for n, p in model.named_parameters() if n != "embedding"]
     dense_opt = torch.optim.Adam(dense, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    rows_opt = RowAdam(model.embedding.data, cfg)
+    if cfg.embedding_adam not in ("rows", "table"):
+        raise ValueError(f"embedding_adam must be rows or table, got {cfg.embedding_adam!r}")
+    rows_opt = (RowAdam if cfg.embedding_adam == "rows" else TableAdam)(model.embedding.data, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     best_auc, best_epoch, best_state, stale = -1.0, 0, None, 0
     train_seconds, train_cpu, trained, epochs_log = 0.0, 0.0, 0, []
@@ -391,6 +415,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--embedding-l2", type=float, default=d.embedding_l2)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--embedding-adam", choices=("rows", "table"), default=d.embedding_adam)
     p.add_argument("--max-epochs", type=int, default=d.max_epochs)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
@@ -399,7 +424,8 @@ def main() -> None:
         embedding_dim=args.embedding_dim, hidden=args.hidden_layers, activation=args.activation,
         dropout=args.dropout, batch_norm=not args.no_batch_norm, lr=args.lr,
         batch_size=args.batch_size, embedding_l2=args.embedding_l2,
-        weight_decay=args.weight_decay, max_epochs=args.max_epochs, seed=args.seed,
+        weight_decay=args.weight_decay, embedding_adam=args.embedding_adam,
+        max_epochs=args.max_epochs, seed=args.seed,
         threads=args.threads,
     )  # fmt: skip
     columns = Columns(args.label, tuple(args.sparse.split(",")), _hidden_names(args.dense))

@@ -144,3 +144,15 @@ def test_unseen_values_share_their_fields_row(tmp_path: Path) -> None:
     # field a: rows 0 (unseen), 1 (x), 2 (y); field b: rows 3 (unseen), 4 (p)
     assert split.rows.tolist() == [[0, 3], [1, 4]]
     assert enc.num_rows == 5
+
+
+def test_table_adam_moves_rows_the_batch_did_not_use() -> None:
+    """The plain-PyTorch variant: after a row's update its moments keep moving it."""
+    cfg = tdf.TorchConfig(lr=0.01, embedding_l2=0.0)
+    table = torch.ones(3, 2)
+    opt = tdf.TableAdam(table, cfg)
+    opt.apply(torch.tensor([0]), torch.ones(1, 2))
+    after_first = table.clone()
+    opt.apply(torch.tensor([1]), torch.ones(1, 2))
+    assert not torch.equal(table[0], after_first[0])  # row 0 unused at step 2, still moved
+    assert torch.equal(table[2], torch.ones(2))  # never had a gradient: Adam leaves it
