@@ -24,9 +24,9 @@ Frappe (default job ``examples/jobs/frappe_bars.yaml``, BARS's configuration):
 
 ``--dataset criteo`` / ``avazu`` run the same command on the bundled Criteo sample or
 ``../shared/data/avazu_head9k`` (their job files in examples/jobs/; no published target, no
-torch baseline). The ``heraldps train`` interface the bench relies on is in two functions,
-:func:`train_command` and :func:`read_report`. JSON goes to ``--out``
-(default ``benchmarks/results/bench_quality.json``).
+torch baseline). The ``heraldps train`` interface the bench relies on (its flags, the fields of
+``OUT/report.json``) is in two functions, :func:`train_command` and :func:`read_report`.
+JSON goes to ``--out`` (default ``benchmarks/results/bench_quality.json``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ SHARED = ROOT.parent / "shared" / "data"
 OUTPUT = ROOT / "benchmarks" / "results" / "bench_quality.json"
 JOBS = {
     "frappe": ROOT / "examples" / "jobs" / "frappe_bars.yaml",
-    "criteo": ROOT / "examples" / "jobs" / "criteo_bundled.yaml",
+    "criteo": ROOT / "examples" / "jobs" / "criteo_sample.yaml",
     "avazu": ROOT / "examples" / "jobs" / "avazu_head9k.yaml",
 }
 BARS = {"test_auc": 0.98395, "test_auc_std": 0.00016, "test_logloss": 0.1495}
@@ -77,106 +77,74 @@ class TrainRun:
     seed: int
     workers: int
     shards: int
+    global_batch: int
     test_auc: float
     test_logloss: float
     best_epoch: int
     epochs: int
-    seconds: float
-    samples_per_second: float
-    rows_moved: int  # embedding rows pulled, pushed and written back
-    bytes_moved: int
-    export_dir: str | None  # the exported model, if the run wrote one
+    seconds: float  # the whole run
+    samples_per_second: float  # training only: samples over the epochs' training seconds
+    rows_moved: int  # embedding rows pulled, pushed, written back and flushed at the end
+    export_dir: str | None  # the best epoch's exported model, if the run wrote one
     per_epoch: list[dict[str, Any]] = field(default_factory=list)
 
 
 def train_command(
-    job: Path, out: Path, mode: str, workers: int, seed: int, max_epochs: int | None
-) -> list[str]:
+    job: Path, out: Path, mode: str, workers: int, shards: int, seed: int,
+    batch_size_per_worker: int | None, max_epochs: int | None,
+) -> list[str]:  # fmt: skip
     """The command line of one run (``python -m launcher`` is the ``heraldps`` entry point)."""
     cmd = [sys.executable, "-m", "launcher", "train", "--job", str(job), "--mode", mode,
-           "--workers", str(workers), "--seed", str(seed), "--out", str(out)]  # fmt: skip
+           "--workers", str(workers), "--shards", str(shards), "--seed", str(seed),
+           "--out", str(out)]  # fmt: skip
+    if batch_size_per_worker is not None:
+        cmd += ["--batch-size-per-worker", str(batch_size_per_worker)]
     if max_epochs is not None:
         cmd += ["--max-epochs", str(max_epochs)]
     return cmd
 
 
-def _first(report: dict[str, Any], *paths: str) -> Any:
-    """The first of ``paths`` (dotted) that the report has; KeyError names them all."""
-    for path in paths:
-        node: Any = report
-        for part in path.split("."):
-            if not isinstance(node, dict) or part not in node:
-                break
-            node = node[part]
-        else:
-            return node
-    raise KeyError(f"report.json has none of {', '.join(paths)}")
+#: The traffic counts (heraldps.traffic.REPORTED) that are embedding rows moved.
+MOVED = ("pulls", "grad_pushes", "write_backs", "final_flush")
 
 
-def read_report(path: Path, shards: int = 0) -> TrainRun:
-    """A run's ``report.json``, read into a :class:`TrainRun`.
-
-    The only place that knows the report's field names: where ``heraldps train`` names a
-    figure differently, add the name here (each figure accepts the spellings listed)."""
+def read_report(path: Path) -> TrainRun:
+    """A run's ``report.json`` (launcher/train.py writes it), read into a :class:`TrainRun`:
+    the only place that knows the report's field names."""
     r = json.loads(Path(path).read_text())
-    per_epoch = list(_first(r, "epochs", "per_epoch", "history"))
-    traffic = _first(r, "traffic", "report") if ("traffic" in r or "report" in r) else r
-    export = r.get("export_dir", r.get("export"))
-    if isinstance(export, dict):
-        export = export.get("dir", export.get("path"))
+    job, cluster, epochs = r["job"], r["cluster"], r["epochs"]
+    train_seconds = sum(e["seconds"] for e in epochs)
+    trained = sum(e["samples_per_second"] * e["seconds"] for e in epochs)
     return TrainRun(
-        mode=str(_first(r, "mode", "job.mode", "resolved.mode")),
-        seed=int(_first(r, "seed", "job.seed", "resolved.seed")),
-        workers=int(_first(r, "workers", "cluster.workers", "job.workers", "resolved.workers")),
-        shards=int(r.get("shards", _nested(r, "cluster.shards", shards))),
-        test_auc=float(_first(r, "test.auc", "test_auc")),
-        test_logloss=float(_first(r, "test.logloss", "test_logloss")),
-        best_epoch=int(_first(r, "best_epoch", "best.epoch")),
-        epochs=int(r.get("epochs_run", len(per_epoch))),
-        seconds=float(_first(r, "seconds", "wall_seconds", "train_seconds")),
-        samples_per_second=float(_first(r, "samples_per_second", "samples_per_s")),
-        rows_moved=int(_first(traffic, "moved", "rows_moved")),
-        bytes_moved=int(_first(traffic, "bytes_moved_with_flush", "bytes_moved", "bytes")),
-        export_dir=str(Path(path).parent / export) if export else None,
-        per_epoch=per_epoch,
+        mode=str(cluster["mode"]),
+        seed=int(job["seed"]),
+        workers=int(job["workers"]),
+        shards=int(cluster["shards"]),
+        global_batch=int(job["workers"]) * int(job["batch_size_per_worker"]),
+        test_auc=float(r["test_auc"]),
+        test_logloss=float(r["test_logloss"]),
+        best_epoch=int(r["best_epoch"]),
+        epochs=len(epochs),
+        seconds=float(r["seconds"]),
+        samples_per_second=trained / train_seconds if train_seconds > 0 else 0.0,
+        rows_moved=sum(int(r["traffic"].get(k, 0)) for k in MOVED),
+        export_dir=r.get("best_model"),
+        per_epoch=list(epochs),
     )
-
-
-def _nested(report: dict[str, Any], path: str, default: Any) -> Any:
-    try:
-        return _first(report, path)
-    except KeyError:
-        return default
-
-
-def job_with_shards(job: Path, shards: int, workdir: Path) -> Path:
-    """A copy of ``job`` (YAML or JSON) with ``cluster.shards`` set: the command has no
-    shard flag. JSON is YAML, so the copy is JSON."""
-    text = job.read_text()
-    data: dict[str, Any]
-    if job.suffix == ".json":
-        data = json.loads(text)
-    else:
-        import yaml  # the dev extra's pyyaml; the job reader of heraldps train reads YAML too
-
-        data = yaml.safe_load(text)
-    data.setdefault("cluster", {})["shards"] = shards
-    copy = workdir / f"{job.stem}.shards{shards}.json"
-    copy.write_text(json.dumps(data, indent=2))
-    return copy
 
 
 def train(
     job: Path, workdir: Path, mode: str, workers: int, shards: int, seed: int,
-    max_epochs: int | None,
+    max_epochs: int | None, global_batch: int | None = None,
 ) -> TrainRun:  # fmt: skip
-    """Run ``heraldps train`` once (its output streams through) and read its report."""
+    """Run ``heraldps train`` once (its output streams through) and read its report.
+    ``global_batch``: split it over ``workers`` (else the job's batch per worker)."""
     out = workdir / f"{mode}-w{workers}-s{shards}-seed{seed}"
-    cmd = train_command(job_with_shards(job, shards, workdir), out, mode, workers, seed,
-                        max_epochs)  # fmt: skip
+    per_worker = None if global_batch is None else global_batch // workers
+    cmd = train_command(job, out, mode, workers, shards, seed, per_worker, max_epochs)
     print("$", " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True)
-    return read_report(out / "report.json", shards)
+    return read_report(out / "report.json")
 
 
 # ----- comparisons ------------------------------------------------------------------------------
@@ -320,7 +288,8 @@ def main() -> int:
         if frappe and not args.skip_torch:
             torch_result = torch_baseline(0, args.quick)
         if not args.skip_speed:
-            speed = [train(job, workdir, "herald", w, 1, 0, max_epochs) for w in (1, 2, 4)]
+            batch = herald[0].global_batch  # the job's: 4096 for BARS
+            speed = [train(job, workdir, "herald", w, 1, 0, max_epochs, batch) for w in (1, 2, 4)]
     print("\n".join(lines))
     print(f"\nherald vs naive, seed 0: test AUC difference {same['auc_difference']:+.2e}, "
           f"largest model difference {same['max_abs_model']}")  # fmt: skip
