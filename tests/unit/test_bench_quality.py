@@ -62,18 +62,18 @@ def test_train_command_passes_the_overrides() -> None:
     )
 
 
-def _model(path: Path, keys: list[int], shift: float) -> str:
+def _model(path: Path, keys: list[int], shift: float, dense_shift: float = 0.0) -> str:
     values = np.arange(len(keys) * 2, dtype=np.float32).reshape(-1, 2) + np.float32(shift)
     table = ModelTable("emb", np.array(keys, np.int64), values, Normal(seed=0))
-    dense = np.array([1.0, 2.0], np.float32)
+    dense = np.array([1.0, 2.0], np.float32) + np.float32(dense_shift)
     write_model(path, ExportedModel("{}", {"emb": table}, dense, {}))
     return str(path)
 
 
-def test_exported_difference_is_the_largest_row_or_dense_difference(tmp_path: Path) -> None:
+def test_exported_difference_is_the_largest_row_and_dense_difference(tmp_path: Path) -> None:
     a = _model(tmp_path / "a", [1, 5, 9], 0.0)
-    b = _model(tmp_path / "b", [1, 5, 9], 0.25)
-    assert bq.exported_difference(a, b) == 0.25
-    assert bq.exported_difference(a, a) == 0.0
+    b = _model(tmp_path / "b", [1, 5, 9], 0.25, 0.5)
+    assert bq.exported_difference(a, b) == {"embeddings": 0.25, "dense": 0.5}
+    assert bq.exported_difference(a, a) == {"embeddings": 0.0, "dense": 0.0}
     other = _model(tmp_path / "c", [1, 5, 10], 0.0)
-    assert bq.exported_difference(a, other) == float("inf")
+    assert bq.exported_difference(a, other)["embeddings"] == float("inf")
