@@ -9,6 +9,7 @@ run, so the kernels are compiled for exactly the argument types they get:
   streamed batches) on the bundled Criteo sample, and on small Parquet files
   with text, dictionary and integer columns;
 - every scheduler mode's planning (``simulate``'s cache check and plans);
+- the model's dropout masks (the warm-up's own jobs train without dropout);
 - a whole cluster in this process, once per mode: Staged shards (a Cached
   shard in one mode), the scheduler service with checkpoints, the feeder and
   two workers following the plan stream, then a resume from the checkpoint and
@@ -39,6 +40,7 @@ import pyarrow.parquet as pq
 from heraldps.bundled import bundled_data
 from heraldps.client import PSClient
 from heraldps.data.global_batches import MiniBatchSizes, StreamedBatches
+from heraldps.dropout import dropout_mask
 from heraldps.job import TrainingJob
 from heraldps.modes import ALL_MODES
 from launcher.cli.data import count_rows, first_pass
@@ -202,6 +204,9 @@ def warm() -> Iterator[Step]:
             started = time.perf_counter()
             job = _data_and_plans(_job(str(train)))
             yield Step("data and plans: the bundled sample", time.perf_counter() - started)
+            started = time.perf_counter()
+            dropout_mask(np, 0.5, 0, 0, np.arange(2, dtype=np.int64), 3)  # a worker's, on NumPy
+            yield Step("model: dropout masks", time.perf_counter() - started)
             for extra in _parquet_files(folder, train):
                 started = time.perf_counter()
                 _data_and_plans(extra, cache_fraction=1.0)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heraldps.dropout import dropout_mask
+from heraldps.dropout import dropout_mask, uniforms
 from heraldps.errors import InvalidArgument
 from heraldps.model import DeepFM, Gradients, ModelConfig, scatter_add
 from worker_client.evaluation import auc, logloss
@@ -272,6 +272,21 @@ def test_scatter_add_accumulates_repeated_indices() -> None:
     np.testing.assert_array_equal(out, [[1, 1], [3, 3], [0, 0]])
 
 
+def test_scatter_add_sums_rows_as_add_at_does_bit_for_bit() -> None:
+    """NumPy float32 rows take a compiled loop: the same additions in the same order as
+    ``np.add.at``, so the embedding gradient (and every exactness test) is unchanged."""
+    rng = np.random.default_rng(5)
+    index = (rng.zipf(1.5, size=5000) % 300).astype(np.int64)
+    values = rng.standard_normal((5000, 10)).astype(np.float32) * np.float32(1e3)
+    start = rng.standard_normal((300, 10)).astype(np.float32)
+    got, expected = start.copy(), start.copy()
+    scatter_add(np, got, index, values)
+    np.add.at(expected, index, values)
+    np.testing.assert_array_equal(got.view(np.int32), expected.view(np.int32))
+    with pytest.raises(IndexError):
+        scatter_add(np, got, np.array([0, 300]), np.ones((2, 10), np.float32))
+
+
 def test_layout_size_and_deterministic_init() -> None:
     config = ModelConfig(num_fields=26, num_dense=13, embedding_dim=8, hidden=(64, 32), seed=4)
     model = DeepFM(config)
@@ -495,3 +510,16 @@ def test_logloss_matches_the_formula_with_clipping() -> None:
     )
     assert logloss(labels, p) == pytest.approx(expected, rel=1e-6)
     assert logloss([1, 0], [0.5, 0.5]) == pytest.approx(np.log(2))
+
+
+def test_the_compiled_dropout_mask_is_the_array_form_bit_for_bit() -> None:
+    """NumPy draws masks with a compiled kernel, CuPy with the array form (``uniforms``):
+    both must drop the same units with the same scale, whatever the ids, rate and width."""
+    ids = np.array([0, 1, 5, 2**40 + 3, 2**62 + 11, 123456789], dtype=np.int64)
+    for rate, seed, layer, width in ((0.2, 0, 0, 400), (0.5, 7, 2, 33), (0.9, 2**40, 1, 1)):
+        keep = uniforms(np, seed, layer, ids, width) >= np.float32(rate)
+        expected = keep.astype(np.float32) * np.float32(1.0 / (1.0 - rate))
+        got = dropout_mask(np, rate, seed, layer, ids, width)
+        assert got.dtype == np.float32 and got.shape == (ids.size, width)
+        np.testing.assert_array_equal(got.view(np.int32), expected.view(np.int32))
+    assert dropout_mask(np, 0.5, 0, 0, ids[:0], 4).shape == (0, 4)
