@@ -406,7 +406,7 @@ class _Attempt:
             start = self.resumed_at = _next_batch(scheduler.address)
             workers = [
                 worker_process(w, self.job_path, scheduler.address, addresses, workdir,
-                               **_placed(network, f"worker-{w}"))
+                               **_placed(network, f"worker-{w}"), workers_here=job.workers)
                 for w in range(job.workers)
             ]  # fmt: skip
             processes += workers

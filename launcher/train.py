@@ -174,7 +174,8 @@ class Trainer:
                                       self.workdir, expected_keys=keys)  # fmt: skip
         self.processes.append(scheduler)
         start_servers([scheduler])
-        workers = [worker_process(w, job_path, scheduler.address, addresses, self.workdir)
+        workers = [worker_process(w, job_path, scheduler.address, addresses, self.workdir,
+                                  workers_here=job.workers)
                    for w in range(job.workers)]  # fmt: skip
         self.processes += workers
         return ps, scheduler, workers
