@@ -19,7 +19,7 @@ FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 
 
 def test_the_readme_is_short_and_links_every_docs_page() -> None:
-    assert len(README.splitlines()) <= 365  # 350 until issue 24 added `heraldps train`
+    assert len(README.splitlines()) <= 375  # 350 until issue 24 added `heraldps train` and BARS
     assert PAGES, "docs/ is empty"
     for page in PAGES:
         assert f"](docs/{page.name}" in README, f"README does not link docs/{page.name}"
