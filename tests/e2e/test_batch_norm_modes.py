@@ -23,6 +23,7 @@ from launcher.divergence import ShuffledBatches, model_difference
 from launcher.local import run_mode
 from tests.e2e.test_local_training import small_job
 from tests.e2e.test_mode_divergence import SPREAD
+from tests.reference_model import assert_matches_reference
 from worker_client.reference import ReferenceTrainer
 
 
@@ -47,12 +48,7 @@ def test_every_step_flow_trains_the_single_process_model_with_batch_norm(
     for mode in ("naive", "het", "herald"):
         result = run_mode(job, mode, 1, batches, None, tmp_path / mode, keep_model=True)
         models[mode] = got = result.model
-        values, state, _ = reference.rows_of(got["keys"])
-        np.testing.assert_allclose(got["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(got["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(
-            got["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
-        )
+        assert_matches_reference(got, reference, mode, dense_state=False)
     assert model_difference(models["het"], models["naive"]).bit_identical
     shuffled = ShuffledBatches(train, job.global_batch, job.iterations, seed=0)
     control = run_mode(job, "naive", 1, shuffled, None, tmp_path / "shuffled", keep_model=True)

@@ -22,6 +22,7 @@ from heraldps.job import TrainingJob
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.local import read_model
 from tests.processes import deployed_cluster, start, stop_all
+from tests.reference_model import assert_matches_reference
 from worker_client.reference import ReferenceTrainer
 
 ITERATIONS = 24
@@ -70,11 +71,6 @@ def test_a_killed_feed_restarts_and_the_model_is_exact(tmp_path: Path) -> None:
         with PSClient([ps]) as client:
             assert client.committed_iteration() == ITERATIONS - 1
             model = read_model(JOB, client, np.unique(train.keys), reference.dense_param.size)
-        values, state, _ = reference.rows_of(model["keys"])
-        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(
-            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6
-        )
+        assert_matches_reference(model, reference, "restarted feed", dense_state=False)
     finally:
         stop_all(procs)

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from launcher.cluster import link_rates
@@ -26,6 +25,7 @@ from launcher.netns import ClusterNetwork, running
 from launcher.report import ps_agrees
 from tests.e2e.test_local_training import small_job
 from tests.network import leftovers, require_network
+from tests.reference_model import assert_matches_reference
 from worker_client.reference import ReferenceTrainer
 
 
@@ -68,11 +68,7 @@ def test_modes_on_slow_links_train_the_single_process_model(mode: str, tmp_path:
     reference.train(train)
     with ClusterNetwork(link_rates(2, job.workers, 20.0, 40.0)) as network:
         result = run_mode(job, mode, 2, train, None, tmp_path, keep_model=True, network=network)
-    model = result.model
-    values, state, _ = reference.rows_of(model["keys"])
-    np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6)
+    assert_matches_reference(result.model, reference, mode, dense_state=False)
     assert ps_agrees(result)
     assert not leftovers(os.getpid())
 

@@ -28,6 +28,7 @@ from launcher.divergence import model_difference
 from launcher.local import run_mode
 from launcher.report import ps_agrees
 from scheduler_service.simulate import SimulationConfig, cache_rows_for, simulate
+from tests.reference_model import assert_matches_reference
 from worker_client.reference import ReferenceTrainer
 
 TRAIN, TEST = bundled_data()
@@ -61,15 +62,7 @@ def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Pa
     for mode in ALL_MODES:
         result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
         model = models[mode] = result.model
-        values, state, versions = reference.rows_of(model["keys"])
-        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(
-            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
-        )
-        np.testing.assert_allclose(
-            model["dense_state"], reference.dense_state, rtol=1e-4, atol=1e-6, err_msg=mode
-        )
+        versions = assert_matches_reference(model, reference, mode)
         if mode in HERALD_MODES:  # HET writes no rows back, so its clocks count commits only
             assert np.array_equal(model["versions"], versions), mode
         assert ps_agrees(result), (mode, result.traffic, result.ps_counted)
@@ -103,12 +96,7 @@ def test_a_deeper_mlp_with_dropout_trains_the_single_process_model(tmp_path: Pat
     assert not np.allclose(plain.dense_rows, reference.dense_rows)  # dropout changed training
     for mode in STEP_FLOWS:
         model = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True).model
-        values, state, _ = reference.rows_of(model["keys"])
-        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(
-            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
-        )
+        assert_matches_reference(model, reference, mode, dense_state=False)
 
 
 def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
@@ -122,12 +110,7 @@ def test_cached_ps_shards_train_the_same_model(tmp_path: Path) -> None:
         result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True,
                           store="cached", cache_gb=500 * 56 / 2**30)  # fmt: skip
         model = result.model
-        values, state, _ = reference.rows_of(model["keys"])
-        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(
-            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
-        )
+        assert_matches_reference(model, reference, mode, dense_state=False)
         assert ps_agrees(result), mode
 
 
@@ -150,15 +133,7 @@ def test_every_mode_trains_the_single_process_model_with_l2(
     for mode in modes:
         result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
         model = result.model
-        values, state, _ = reference.rows_of(model["keys"])
-        np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6, err_msg=mode)
-        np.testing.assert_allclose(
-            model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6, err_msg=mode
-        )
-        np.testing.assert_allclose(
-            model["dense_state"], reference.dense_state, rtol=1e-4, atol=1e-6, err_msg=mode
-        )
+        assert_matches_reference(model, reference, mode)
         assert ps_agrees(result), mode
 
 
@@ -171,10 +146,7 @@ def test_gpu_workers_train_the_single_process_model(mode: str, tmp_path: Path) -
     reference = ReferenceTrainer(job)
     reference.train(train)
     model = run_mode(job, mode, 2, train, None, tmp_path, keep_model=True).model
-    values, state, _ = reference.rows_of(model["keys"])
-    np.testing.assert_allclose(model["values"], values, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(model["state"], state, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(model["dense_values"], reference.dense_rows, rtol=1e-4, atol=1e-6)
+    assert_matches_reference(model, reference, mode, dense_state=False)
 
 
 def test_het_with_staleness_moves_fewer_rows_at_equal_quality(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from launcher.divergence import model_difference
 from launcher.local import run_mode
 from tests.e2e.test_local_training import small_job
+from tests.reference_model import assert_matches_reference
 from worker_client.reference import ReferenceTrainer
 
 ITERATIONS = 9
@@ -43,11 +44,6 @@ def test_a_decayed_lr_trains_the_single_process_model_in_every_mode(tmp_path: Pa
         result = run_mode(replace(job, dense_sync=dense_sync), mode, 1, train, None,
                           tmp_path / mode, keep_model=True, lr_scales=SCALES)  # fmt: skip
         model = models[mode] = result.model
-        values, state, _ = reference.rows_of(model["keys"])
-        expected = {"values": values, "state": state, "dense_values": reference.dense_rows,
-                    "dense_state": reference.dense_state}  # fmt: skip
-        for name, want in expected.items():
-            np.testing.assert_allclose(model[name], want, rtol=1e-4, atol=1e-6,
-                                       err_msg=f"{mode} {name}")  # fmt: skip
+        assert_matches_reference(model, reference, mode)
     same = model_difference(models["het"], models["naive"])
     assert same.bit_identical, same

@@ -29,19 +29,8 @@ from launcher.cluster import ClusterError
 from launcher.local import Recovery, run_mode
 from ps_server.snapshot import read_for_shard
 from tests.e2e.test_local_training import small_job
+from tests.reference_model import assert_matches_reference
 from worker_client.reference import ReferenceTrainer
-
-TOLERANCE = {"rtol": 1e-4, "atol": 1e-6}  # the exactness tests' (test_local_training.py)
-
-
-def _assert_model(model: dict[str, np.ndarray], reference: ReferenceTrainer, what: str) -> None:
-    values, state, _ = reference.rows_of(model["keys"])
-    np.testing.assert_allclose(model["values"], values, **TOLERANCE, err_msg=what)
-    np.testing.assert_allclose(model["state"], state, **TOLERANCE, err_msg=what)
-    np.testing.assert_allclose(model["dense_values"], reference.dense_rows, **TOLERANCE,
-                               err_msg=what)  # fmt: skip
-    np.testing.assert_allclose(model["dense_state"], reference.dense_state, **TOLERANCE,
-                               err_msg=what)  # fmt: skip
 
 
 def _snapshot_model(path: Path) -> dict[str, np.ndarray]:
@@ -78,14 +67,14 @@ def test_a_checkpoint_is_the_model_after_its_iteration(mode: str, tmp_path: Path
         reference = ReferenceTrainer(replace(job, iterations=manifest.iteration + 1))
         reference.train(train)
         snapshot = _snapshot_model(path)
-        _assert_model(snapshot, reference, f"{mode} checkpoint {manifest.iteration}")
+        assert_matches_reference(snapshot, reference, f"{mode} checkpoint {manifest.iteration}")
         if mode in HERALD_MODES:
             _, _, versions = reference.rows_of(snapshot["keys"])
             assert np.array_equal(snapshot["versions"], versions)
     # Writing checkpoints changes the traffic, never the model.
     reference = ReferenceTrainer(job)
     reference.train(train)
-    _assert_model(result.model, reference, f"{mode} final")
+    assert_matches_reference(result.model, reference, f"{mode} final")
 
 
 class Killer:
@@ -156,7 +145,7 @@ def test_killed_processes_resume_to_the_uninterrupted_model(tmp_path: Path) -> N
         assert restart.seconds_to_resume > 0
     reference = ReferenceTrainer(job)
     reference.train(train)
-    _assert_model(result.model, reference, "resumed")
+    assert_matches_reference(result.model, reference, "resumed")
 
 
 def test_restarts_are_bounded(tmp_path: Path) -> None:
