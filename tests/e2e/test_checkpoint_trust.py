@@ -29,8 +29,8 @@ from launcher.cluster import ClusterError, ps_process, scheduler_process, start_
 from launcher.local import Recovery, run_mode
 from tests.e2e.test_local_training import small_job
 from tests.e2e.test_resume import Killer
-from tests.e2e.test_resume import _assert_model as assert_model
 from tests.integration.test_disk_full import grow, tiny_fs  # noqa: F401  (a fixture)
+from tests.reference_model import assert_matches_reference as assert_model
 from worker_client.reference import ReferenceTrainer
 
 EVERY = 5

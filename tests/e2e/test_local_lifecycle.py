@@ -25,7 +25,7 @@ import pytest
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.local import Recovery, run_mode
 from tests.e2e.test_local_training import small_job
-from tests.e2e.test_resume import _assert_model as assert_model
+from tests.reference_model import assert_matches_reference as assert_model
 from worker_client.reference import ReferenceTrainer
 from worker_client.worker import WorkerConfig, scheduler_options
 
