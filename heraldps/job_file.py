@@ -26,7 +26,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "optimizer": ("name", "lr", "embedding_l2", "weight_decay"),
     "schedule": (
         "max_epochs", "monitor", "patience", "lr_decay", "lr_patience", "seed", "shuffle",
-        "eval_every",
+        "shuffle_buffer_rows", "eval_every",
     ),
     "cluster": (
         "mode", "workers", "batch_size_per_worker", "shards", "store", "cache_gb",
@@ -63,6 +63,9 @@ class Schedule:
     lr_patience: int = 1
     seed: int = 0
     shuffle: bool = True  # a new order of the training rows every epoch (by seed, epoch)
+    # 0: the shuffle permutes the whole training split in memory; N > 0: it streams the
+    # split through a two-pass bucket shuffle holding at most N rows (heraldps.data.shuffle)
+    shuffle_buffer_rows: int = 0
     eval_every: int = 0  # also validate every this many iterations within an epoch (0: off)
 
 
@@ -205,6 +208,13 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> JobFile:
         raise InvalidArgument(f"schedule.monitor must be one of {', '.join(MONITORS)}")
     if schedule.max_epochs < 1 or schedule.patience < 1 or schedule.lr_patience < 1:
         raise InvalidArgument("schedule.max_epochs, patience and lr_patience must be >= 1")
+    buffer = schedule.shuffle_buffer_rows
+    if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 0:
+        raise InvalidArgument(f"schedule.shuffle_buffer_rows must be a whole number of rows "
+                              f">= 0 (0: the whole training split in memory), got "
+                              f"{buffer!r}")  # fmt: skip
+    if not isinstance(schedule.shuffle, bool):
+        raise InvalidArgument(f"schedule.shuffle must be true or false, got {schedule.shuffle!r}")
     if schedule.eval_every < 0:
         raise InvalidArgument("schedule.eval_every must be >= 0 iterations (0: off)")
     if not 0 < schedule.lr_decay <= 1:

@@ -33,8 +33,9 @@ from prometheus_client import CollectorRegistry, Gauge
 from heraldps.client import PSClient
 from heraldps.data import DataSpec, SparseDataset, read_all
 from heraldps.data.global_batches import StreamedBatches
+from heraldps.data.shuffle import ShuffledRows, bucket_sizes, shuffled_batches
 from heraldps.job import TrainingJob
-from heraldps.job_file import JobFile
+from heraldps.job_file import JobFile, Schedule
 from heraldps.traffic import REPORTED
 from heraldps.v1 import scheduler_pb2, scheduler_pb2_grpc
 from launcher.cluster import (
@@ -76,7 +77,9 @@ class Data:
     """The run's splits: training rows in memory, validation and test specs (streamed)."""
 
     job: TrainingJob  # with the first pass's numbers (rows, keys, dense statistics)
-    train: SparseDataset | None  # None: streamed in file order each epoch (no shuffle)
+    # None: streamed every epoch, in file order (no shuffle) or through the streaming
+    # shuffle (``schedule.shuffle_buffer_rows`` > 0)
+    train: SparseDataset | None
     valid: DataSpec | None
     test: DataSpec | None
 
@@ -120,7 +123,8 @@ def better(monitor: str, value: float, best: float | None) -> bool:
 
 def epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
     """The order of the training rows in ``epoch`` (from 1): a permutation drawn from
-    (seed, epoch), the same in every run of the job; file order without ``shuffle``."""
+    (seed, epoch), the same in every run of the job; file order without ``shuffle``. The
+    streaming shuffle with a buffer of at least ``rows`` rows gives this order too."""
     if not shuffle:
         return np.arange(rows, dtype=np.int64)
     return np.random.default_rng([seed, epoch]).permutation(rows).astype(np.int64)
@@ -298,12 +302,17 @@ class Trainer:
 
     def _epoch_batches(self, epoch: int) -> tuple[int, Iterator[SparseDataset]]:
         """How many global batches ``epoch`` has, and the batches: the training rows in the
-        epoch's order (in memory), or streamed from the file in its order."""
+        epoch's order (in memory, or through the streaming shuffle), or streamed from the
+        file in its order."""
         job, sched = self.job, self.jf.schedule
         if self.data.train is None:
             assert job.train_rows is not None
             streamed = StreamedBatches(job.data_spec(), job.train_rows, job.global_batch, None)
-            return len(streamed), streamed.iter_from(0)
+            if not sched.shuffle:
+                return len(streamed), streamed.iter_from(0)
+            rows = ShuffledRows(job.data_spec(), job.train_rows, sched.shuffle_buffer_rows,
+                                sched.seed, epoch, self.workdir)  # fmt: skip
+            return len(streamed), shuffled_batches(rows, job.global_batch)
         order = epoch_order(self.data.train.rows, sched.seed, epoch, sched.shuffle)
         batches = global_batches(self.data.train.take(order), job.global_batch, None, 1)
         return len(batches), iter(batches)
@@ -414,8 +423,8 @@ def score_spec(predictor: Predictor, spec: DataSpec) -> tuple[float, float]:
 
 def read_data(job_file: JobFile) -> Data:
     """The splits of the job file, checked in a first pass; the training rows read into
-    memory when the job shuffles (the per-epoch permutation needs them there), else
-    streamed from the file every epoch."""
+    memory when the job shuffles them there (``shuffle_buffer_rows`` 0: the per-epoch
+    permutation needs them), else streamed from the file every epoch."""
     from heraldps.job_file import row_split
     from launcher.cli.data import first_pass
 
@@ -441,9 +450,23 @@ def read_data(job_file: JobFile) -> Data:
     at = split.train if split else 0
     valid = held_out(splits.valid, at, split.valid if split else 0)
     test = held_out(splits.test, at + (split.valid if split else 0), split.test if split else 0)
-    # Without the shuffle the batches stream from the file: memory follows the batches.
-    train = read_all(job.data_spec()) if job_file.schedule.shuffle else None
+    # Without the in-memory shuffle the batches stream from the file: memory follows the
+    # batches (and the streaming shuffle's buffer).
+    sched = job_file.schedule
+    in_memory = sched.shuffle and not sched.shuffle_buffer_rows
+    train = read_all(job.data_spec()) if in_memory else None
     return Data(job, train, valid, test)
+
+
+def shuffle_setting(schedule: Schedule, rows: int) -> str:
+    """The shuffle as the resolved settings show it."""
+    if not schedule.shuffle:
+        return "no shuffle (file order)"
+    if not schedule.shuffle_buffer_rows:
+        return f"shuffle in memory (a permutation of {rows:,} rows)"
+    buckets = bucket_sizes(rows, schedule.shuffle_buffer_rows).shape[0]
+    return (f"streaming shuffle (buffer {schedule.shuffle_buffer_rows:,} rows, {buckets:,} "
+            f"bucket{'s' if buckets > 1 else ''}, spill file in cluster/)")  # fmt: skip
 
 
 def write_curves(epochs: list[Epoch], best: int, path: Path) -> None:

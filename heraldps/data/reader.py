@@ -624,7 +624,7 @@ def _empty(layout: formats.Layout, files: int) -> None:
     )
 
 
-def _rebatch(pieces: Iterator[SparseDataset], rows: int) -> Iterator[SparseDataset]:
+def rebatch(pieces: Iterator[SparseDataset], rows: int) -> Iterator[SparseDataset]:
     """Exactly ``rows`` rows per chunk across piece and file boundaries; the last is shorter.
     Chunks inside a piece are views of it; only a chunk that spans two pieces is copied."""
     carry: SparseDataset | None = None  # the start of the next chunk, < rows rows
@@ -654,12 +654,19 @@ def _rebatch(pieces: Iterator[SparseDataset], rows: int) -> Iterator[SparseDatas
 _CONVERT_ROWS = 65_536
 
 
+def blocks(spec: DataSpec, rows: int) -> Iterator[SparseDataset]:
+    """The rows of ``spec`` converted ``rows`` at a time, in source order: each block is
+    exactly ``rows`` rows, shorter only at the end of a file. Unlike ``stream``, a small
+    ``rows`` converts small blocks (the shuffle's memory bound), not 64k-row ones."""
+    return _chunks(spec, rows)
+
+
 def stream(spec: DataSpec, batch_rows: int = 65_536) -> Iterator[SparseDataset]:
     """The rows of ``spec`` as chunks of exactly ``batch_rows`` rows (the last shorter), in
     source order. Errors raise DataError (file, line, column) when the stream reaches them."""
     if batch_rows < 1:
         raise DataError(f"batch_rows must be >= 1, got {batch_rows}")
-    return _rebatch(_chunks(spec, max(batch_rows, _CONVERT_ROWS)), batch_rows)
+    return rebatch(_chunks(spec, max(batch_rows, _CONVERT_ROWS)), batch_rows)
 
 
 def batches(

@@ -17,6 +17,7 @@ OVERRIDES = {
     "seed": "schedule.seed",
     "max_epochs": "schedule.max_epochs",
     "patience": "schedule.patience",
+    "shuffle_buffer_rows": "schedule.shuffle_buffer_rows",
     "lr": "optimizer.lr",
     "out": "output.dir",
 }
@@ -39,6 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-epochs", type=at_least(1), default=None, help="overrides schedule.max_epochs"
     )
     p.add_argument("--patience", type=at_least(1), default=None, help="overrides schedule.patience")
+    p.add_argument(
+        "--shuffle-buffer-rows",
+        type=at_least(0),
+        default=None,
+        help="overrides schedule.shuffle_buffer_rows (0: shuffle the training split in "
+        "memory; N: a streaming shuffle holding at most N rows)",
+    )
     p.add_argument("--lr", type=positive, default=None, help="overrides optimizer.lr")
     p.add_argument(
         "--metrics-port",
@@ -62,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from heraldps.errors import InvalidArgument
     from heraldps.ports import serve_metrics
     from launcher.lifeline import stop_on_signals
-    from launcher.train import Trainer, TrainMetrics, read_data
+    from launcher.train import Trainer, TrainMetrics, read_data, shuffle_setting
 
     jf = job_file.load(args.job, overrides_of(args))
     if jf.output is None:
@@ -90,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         f"worker, {job.optimizer} lr {job.make_optimizer().lr:g}, up to "
         f"{jf.schedule.max_epochs} epochs (monitor {jf.schedule.monitor}, patience "
         f"{jf.schedule.patience}, lr x{jf.schedule.lr_decay:g} after "
-        f"{jf.schedule.lr_patience} epochs without improvement); out {out}",
+        f"{jf.schedule.lr_patience} epochs without improvement), "
+        f"{shuffle_setting(jf.schedule, job.train_rows or 0)}; out {out}",
         flush=True,
     )
     out.mkdir(parents=True, exist_ok=True)
