@@ -64,12 +64,17 @@ def bucket_sizes(rows: int, buffer_rows: int) -> npt.NDArray[np.int64]:
 
 
 @dataclass(frozen=True)
-class _Segment:
-    """One block's rows of one bucket in the spill file."""
+class _Index:
+    """Where the spill file holds what: per block, its byte offset, rows, keys and whether it
+    has fields, and the first row and first key of each bucket's rows in it (16 bytes per
+    block and bucket: all the shuffle keeps beside its rows)."""
 
-    offset: int  # bytes from the file's start
-    rows: int
-    keys: int
+    offsets: npt.NDArray[np.int64]  # [blocks]
+    rows: npt.NDArray[np.int64]  # [blocks]
+    keys: npt.NDArray[np.int64]  # [blocks]
+    has_fields: npt.NDArray[np.bool_]  # [blocks]
+    row_starts: npt.NDArray[np.int64]  # [blocks, buckets + 1]
+    key_starts: npt.NDArray[np.int64]  # [blocks, buckets + 1]
 
 
 @dataclass
@@ -108,20 +113,17 @@ class ShuffledRows:
                                     dir=self.spill_dir)  # fmt: skip
         try:
             with os.fdopen(fd, "w+b") as spill:
-                segments, has_fields = self._scatter(spill, sizes)
-                yield from self._gather(spill, sizes, segments, has_fields)
+                index = self._scatter(spill, sizes)
+                yield from self._gather(spill, sizes, index)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name)
 
-    def _scatter(
-        self, spill: BufferedRandom, sizes: npt.NDArray[np.int64]
-    ) -> tuple[list[list[_Segment]], bool]:
+    def _scatter(self, spill: BufferedRandom, sizes: npt.NDArray[np.int64]) -> _Index:
         """Pass 1: every block's rows into the spill file, grouped by bucket."""
         rng = np.random.default_rng([self.seed, self.epoch, 1])  # the scatter's draws
         free = sizes.copy()  # places left in each bucket
-        segments: list[list[_Segment]] = [[] for _ in sizes]
-        has_fields = True
+        offsets, rows, keys, has_fields, row_starts, key_starts = [], [], [], [], [], []
         seen = 0
         for block in blocks(self.spec, self.block_rows):
             n = block.rows
@@ -130,7 +132,6 @@ class ShuffledRows:
                 raise DataError(f"{self.spec.source}: more than the {self.rows:,} rows the first "
                                 "pass counted; the file changed during the run")  # fmt: skip
             seen += n
-            has_fields = has_fields and block.fields is not None
             if sizes.shape[0] == 1:  # one bucket: the rows stay in file order here
                 shares, grouped = np.array([n], dtype=np.int64), block
             else:
@@ -138,27 +139,29 @@ class ShuffledRows:
                 grouped = block.take(rng.permutation(n).astype(np.int64))
                 self._hold(n)
             free -= shares
-            starts = np.concatenate([[0], np.cumsum(shares)])
-            for b in np.flatnonzero(shares):
-                part = grouped.row_slice(int(starts[b]), int(starts[b + 1]))
-                segments[b].append(_write(spill, part, has_fields))
+            starts = np.zeros(shares.shape[0] + 1, dtype=np.int64)
+            np.cumsum(shares, out=starts[1:])
+            offsets.append(_write(spill, grouped))
+            rows.append(n)
+            keys.append(int(grouped.keys.shape[0]))
+            has_fields.append(grouped.fields is not None)
+            row_starts.append(starts)
+            key_starts.append(grouped.offsets[starts])
             self._hold(-n if grouped is block else -2 * n)
         if seen != self.rows:
             raise DataError(f"{self.spec.source}: {seen:,} rows, the first pass counted "
                             f"{self.rows:,}; the file changed during the run")  # fmt: skip
-        return segments, has_fields
+        return _Index(np.array(offsets, dtype=np.int64), np.array(rows, dtype=np.int64),
+                      np.array(keys, dtype=np.int64), np.array(has_fields, dtype=np.bool_),
+                      np.stack(row_starts), np.stack(key_starts))  # fmt: skip
 
     def _gather(
-        self,
-        spill: BufferedRandom,
-        sizes: npt.NDArray[np.int64],
-        segments: list[list[_Segment]],
-        has_fields: bool,
+        self, spill: BufferedRandom, sizes: npt.NDArray[np.int64], index: _Index
     ) -> Iterator[SparseDataset]:
         """Pass 2: bucket after bucket, read back and handed on in a permuted order."""
         rng = np.random.default_rng([self.seed, self.epoch])  # as the in-memory shuffle
-        for size, parts in zip(sizes, segments, strict=True):
-            bucket = self._read_bucket(spill, parts, has_fields)
+        for b, size in enumerate(sizes):
+            bucket = self._read_bucket(spill, index, b)
             assert bucket.rows == size
             self._hold(bucket.rows)
             order = rng.permutation(int(size)).astype(np.int64)
@@ -170,34 +173,43 @@ class ShuffledRows:
             self._hold(-bucket.rows)
             del bucket
 
-    def _read_bucket(
-        self, spill: BufferedRandom, parts: list[_Segment], has_fields: bool
-    ) -> SparseDataset:
-        """A bucket's segments read straight into its arrays (no second copy)."""
+    def _read_bucket(self, spill: BufferedRandom, index: _Index, b: int) -> SparseDataset:
+        """Bucket ``b``'s rows of every block, read straight into its arrays (no second copy)."""
         sparse, dense_columns = self.spec.sparse(), self.spec.dense()
-        rows, keys = sum(s.rows for s in parts), sum(s.keys for s in parts)
         width = len(dense_columns)
+        row_lo, row_hi = index.row_starts[:, b], index.row_starts[:, b + 1]
+        key_lo, key_hi = index.key_starts[:, b], index.key_starts[:, b + 1]
+        rows, keys = int((row_hi - row_lo).sum()), int((key_hi - key_lo).sum())
+        fields = bool(index.has_fields.all())
         out = _Arrays(
             lengths=np.empty(rows, dtype=_LENGTH),
             keys=np.empty(keys, dtype=_KEY),
-            fields=np.empty(keys if has_fields else 0, dtype=_FIELD),
+            fields=np.empty(keys if fields else 0, dtype=_FIELD),
             labels=np.empty(rows, dtype=_LABEL),
             dense=np.empty((rows, width), dtype=_DENSE),
         )
         row = key = 0
-        for s in parts:
-            spill.seek(s.offset)
-            _read_into(spill, out.lengths[row : row + s.rows])
-            _read_into(spill, out.keys[key : key + s.keys])
-            if has_fields:
-                _read_into(spill, out.fields[key : key + s.keys])
-            _read_into(spill, out.labels[row : row + s.rows])
-            _read_into(spill, out.dense[row : row + s.rows])
-            row, key = row + s.rows, key + s.keys
+        for i in np.flatnonzero(row_hi > row_lo):
+            n, k = int(index.rows[i]), int(index.keys[i])
+            r0, r1, k0, k1 = int(row_lo[i]), int(row_hi[i]), int(key_lo[i]), int(key_hi[i])
+            at = int(index.offsets[i])  # the block's arrays, each at its place
+            nr, nk = r1 - r0, k1 - k0
+            _read_at(spill, at + 8 * r0, out.lengths[row : row + nr])
+            at += 8 * n
+            _read_at(spill, at + 8 * k0, out.keys[key : key + nk])
+            at += 8 * k
+            if index.has_fields[i]:
+                if fields:
+                    _read_at(spill, at + 4 * k0, out.fields[key : key + nk])
+                at += 4 * k
+            _read_at(spill, at + 4 * r0, out.labels[row : row + nr])
+            at += 4 * n
+            _read_at(spill, at + 4 * width * r0, out.dense[row : row + nr])
+            row, key = row + nr, key + nk
         offsets = np.zeros(rows + 1, dtype=np.int64)
         np.cumsum(out.lengths, out=offsets[1:])
         return SparseDataset(offsets, out.keys, out.labels, out.dense, sparse, dense_columns,
-                             out.fields if has_fields else None)  # fmt: skip
+                             out.fields if fields else None)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -211,22 +223,25 @@ class _Arrays:
     dense: npt.NDArray[np.float32]
 
 
-def _write(spill: BufferedRandom, part: SparseDataset, has_fields: bool) -> _Segment:
-    """``part`` appended to the spill file: keys per row, keys, fields, labels, dense."""
+def _write(spill: BufferedRandom, block: SparseDataset) -> int:
+    """``block`` appended to the spill file (keys per row, keys, fields if any, labels,
+    dense values); its byte offset."""
     offset = spill.seek(0, os.SEEK_END)
-    arrays: list[npt.NDArray[np.generic]] = [np.diff(part.offsets).astype(_LENGTH), part.keys]
-    if has_fields:
-        assert part.fields is not None
-        arrays.append(part.fields)
-    arrays += [part.labels, part.dense]
+    arrays: list[npt.NDArray[np.generic]] = [np.diff(block.offsets).astype(_LENGTH), block.keys]
+    if block.fields is not None:
+        arrays.append(block.fields.astype(_FIELD, copy=False))
+    arrays += [block.labels, block.dense]
     for array in arrays:
         spill.write(np.ascontiguousarray(array).data.cast("B"))
-    return _Segment(offset, part.rows, int(part.keys.shape[0]))
+    return offset
 
 
-def _read_into(spill: BufferedRandom, out: npt.NDArray[np.generic]) -> None:
-    """Fill ``out`` (a contiguous slice) with the spill file's next bytes."""
-    if out.size and spill.readinto(out.data.cast("B")) != out.nbytes:
+def _read_at(spill: BufferedRandom, at: int, out: npt.NDArray[np.generic]) -> None:
+    """Fill ``out`` (a contiguous slice) with the spill file's bytes from ``at``."""
+    if not out.size:
+        return
+    spill.seek(at)
+    if spill.readinto(out.data.cast("B")) != out.nbytes:
         raise DataError(f"the shuffle's spill file {spill.name} is shorter than written")
 
 
