@@ -17,6 +17,7 @@ at the scheduler's next batch, or only waits if every batch was submitted.
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Container, Iterable, Sequence
@@ -29,9 +30,11 @@ from prometheus_client import CollectorRegistry, Gauge
 from heraldps.client import PSClient
 from heraldps.data import SparseDataset, check
 from heraldps.data.global_batches import StreamedBatches
+from heraldps.data.shuffle import ShuffledEpochs
 from heraldps.errors import Aborted, AlreadyExists, HeraldError, ResourceExhausted, error_from_rpc
 from heraldps.healthcheck import wait_serving
 from heraldps.job import TrainingJob
+from heraldps.job_file import Schedule
 from heraldps.ports import serve_metrics
 from heraldps.samples import encode_samples
 from heraldps.security import ClientSecurity, open_channel
@@ -152,7 +155,7 @@ def run_feed(config: FeedConfig) -> None:
     """Feed the job to the cluster and wait for the last commit; FeedError on failure."""
     if not config.ps:
         raise FeedError("--ps needs the PS shard addresses, comma-separated, in shard order")
-    job = _load_job(config.job)
+    job, schedule = _load_job(config.job)
     check(job.data_spec())  # a wrong column or format fails here, before any batch is sent
     if job.data_spec().needs_stats():  # a job file's standardize/minmax: a first pass
         from dataclasses import replace
@@ -173,7 +176,7 @@ def run_feed(config: FeedConfig) -> None:
         if not health.serving:
             raise FeedError(f"not ready after {timeout:g} s: {health.message}")
     log.info("shards %s and scheduler %s serve", ",".join(config.ps), config.scheduler)
-    batches = job_batches(job)
+    batches = job_batches(job, schedule)
     metrics.batches.set(len(batches))
     options = channel_options(MAX_MESSAGE_BYTES)
     with open_channel(config.scheduler, options, config.security) as channel:
@@ -195,21 +198,27 @@ def run_feed(config: FeedConfig) -> None:
     log.info("all %d iterations committed", len(batches))
 
 
-def _load_job(path: str) -> TrainingJob:
+def _load_job(path: str) -> tuple[TrainingJob, Schedule | None]:
     """A ``job.json``, or a job file (``heraldps.job_file``): its train split, the rows
     before those ``valid_fraction`` and ``test_fraction`` hold out, as ``heraldps train``
-    trains it."""
+    trains it, and the file's schedule (None for a ``job.json``: file order)."""
     from heraldps import job_file
 
     raw = job_file.read(path)
     if not job_file.is_job_file(raw):
-        return TrainingJob.load(path)
-    return job_file.training_split(job_file.from_dict(raw, Path(path)))
+        return TrainingJob.load(path), None
+    jf = job_file.from_dict(raw, Path(path))
+    return job_file.training_split(jf), jf.schedule
 
 
-def job_batches(job: TrainingJob) -> StreamedBatches:
+def job_batches(
+    job: TrainingJob, schedule: Schedule | None = None
+) -> StreamedBatches | ShuffledEpochs:
     """The job's global batches, streamed; its rows are counted (parsed, not keyed) unless
-    the job records them (``heraldps local`` and ``heraldps train`` write ``train_rows``)."""
+    the job records them (``heraldps local`` and ``heraldps train`` write ``train_rows``).
+    A job file's streaming shuffle (``shuffle_buffer_rows`` > 0) gives ``heraldps
+    train``'s order, epoch by epoch; its in-memory shuffle is ``heraldps train``'s alone
+    (the feeder holds no split in memory): file order, said in the log."""
     spec = job.data_spec()
     rows = job.train_rows
     if rows is None:
@@ -217,6 +226,16 @@ def job_batches(job: TrainingJob) -> StreamedBatches:
 
         log.info("counting the rows of %s (parsed only; the job has no train_rows)", job.data)
         rows = count_rows(spec)
+    if schedule is not None and schedule.shuffle:
+        if schedule.shuffle_buffer_rows:
+            spill = Path(tempfile.gettempdir())
+            log.info("streaming shuffle: buffer %d rows, seed %d, spill files in %s",
+                     schedule.shuffle_buffer_rows, schedule.seed, spill)  # fmt: skip
+            return ShuffledEpochs(spec, rows, job.global_batch, job.iterations, job.epochs,
+                                  schedule.shuffle_buffer_rows, schedule.seed, spill)  # fmt: skip
+        log.info("schedule.shuffle with shuffle_buffer_rows 0 is heraldps train's in-memory "
+                 "shuffle; the feeder streams file order (set schedule.shuffle_buffer_rows "
+                 "to shuffle as heraldps train does)")  # fmt: skip
     return StreamedBatches(spec, rows, job.global_batch, job.iterations, job.epochs)
 
 

@@ -27,6 +27,7 @@ epoch come only after the whole scatter pass.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import tempfile
@@ -40,6 +41,7 @@ import numpy.typing as npt
 
 from heraldps.data.dataset import SparseDataset
 from heraldps.data.errors import DataError
+from heraldps.data.global_batches import batch_count
 from heraldps.data.reader import blocks, rebatch
 from heraldps.data.spec import DataSpec
 
@@ -251,3 +253,38 @@ def shuffled_batches(rows: ShuffledRows, batch_size: int) -> Iterator[SparseData
     for batch in rebatch(iter(rows), batch_size):
         if batch.rows == batch_size:
             yield batch
+
+
+@dataclass(frozen=True)
+class ShuffledEpochs:
+    """The global batches of ``epochs`` streaming-shuffled epochs (epoch ``e`` from 1, as
+    ``heraldps train`` numbers them), capped at ``iterations``: what ``heraldps feed``
+    submits for a job file with ``shuffle_buffer_rows``, the batches ``heraldps train``
+    trains. Like ``StreamedBatches``: ``len`` without reading, ``iter_from`` to resume (an
+    epoch begun before is shuffled again from its start, its first batches skipped)."""
+
+    spec: DataSpec
+    rows: int
+    batch_size: int
+    iterations: int | None
+    epochs: int
+    buffer_rows: int
+    seed: int
+    spill_dir: Path
+
+    def __len__(self) -> int:
+        return batch_count(self.rows, self.batch_size, self.iterations, self.epochs)
+
+    def iter_from(self, start: int) -> Iterator[SparseDataset]:
+        """Batches ``start``, ``start + 1``, ... of the run, in order."""
+        total, per_epoch = len(self), self.rows // self.batch_size
+
+        def batches() -> Iterator[SparseDataset]:
+            first, skip = divmod(start, per_epoch)
+            for epoch in range(first + 1, self.epochs + 1):
+                rows = ShuffledRows(self.spec, self.rows, self.buffer_rows, self.seed, epoch,
+                                    self.spill_dir)  # fmt: skip
+                yield from itertools.islice(shuffled_batches(rows, self.batch_size), skip, None)
+                skip = 0
+
+        return itertools.islice(batches(), max(0, total - start))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import yaml
 
 from heraldps.bundled import bundled_data
@@ -107,13 +108,30 @@ def test_lr_decays_and_training_stops_early_by_the_rule_and_runs_repeat(tmp_path
     assert [e["valid_auc"] for e in second["epochs"]] == [e["valid_auc"] for e in epochs]
 
 
-def test_one_job_file_drives_train_and_feed_to_the_same_model(tmp_path: Path) -> None:
-    """Naive mode, file order, one epoch: ``heraldps train`` and a deployed cluster (shard,
-    scheduler, two workers, ``heraldps feed``, each a process reading the same YAML) end with
-    bit-identical rows and dense parameters."""
-    job = _job(tmp_path, data={"valid": None}, schedule={"max_epochs": 1, "shuffle": False},
+@pytest.mark.parametrize(
+    ("schedule", "train_mode"),
+    [({"max_epochs": 1, "shuffle": False}, "naive"),
+     ({"max_epochs": 2, "shuffle_buffer_rows": 300}, "het")],
+    ids=["file-order", "streaming-shuffle"],
+)  # fmt: skip
+def test_one_job_file_drives_train_and_feed_to_the_same_model(
+    tmp_path: Path, schedule: dict[str, Any], train_mode: str
+) -> None:
+    """File order for one epoch, or the streaming shuffle for two (1,024 rows in 4 buckets
+    of 256): ``heraldps train`` and a deployed cluster in mode naive (shard, scheduler, two
+    workers, ``heraldps feed``, each a process reading the same YAML) end with bit-identical
+    rows and dense parameters. With the shuffle, ``heraldps train`` runs mode HET (s=0), so
+    the same shuffled batches give the same model in two modes as well; and the spill files
+    are gone after the run. (With a buffer of the whole split the streaming order is the
+    in-memory one: tests/unit/test_shuffle.py.)"""
+    job = _job(tmp_path, data={"valid": None}, schedule=schedule,
                cluster={"mode": "naive"})  # fmt: skip
-    trained = read_model(_train(job, tmp_path / "out")["best_model"])
+    report = _train(job, tmp_path / "out", "--mode", train_mode)
+    assert [e["iterations"] for e in report["epochs"]] == [8] * schedule["max_epochs"]
+    if schedule.get("shuffle_buffer_rows"):
+        assert "streaming shuffle (buffer 300 rows, 4 buckets" in report["stdout"]
+        assert not list((tmp_path / "out" / "cluster").glob("shuffle-*"))
+    trained = read_model(report["best_model"])
     procs, ps, scheduler = deployed_cluster(tmp_path, job, scheduler_flags=("--mode", "naive"))
     try:
         feed = start("feed", ["feed", "--job", str(job), "--scheduler", scheduler, "--ps", ps,

@@ -131,5 +131,5 @@ def test_fractions_hold_out_the_last_rows_for_train_and_feed_alike(tmp_path: Pat
     assert job_file.training_split(jf).max_rows == split.train
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**SMALL, "data": {**SMALL["data"], "test_fraction": 0.05}}))
-    assert _load_job(str(path)).max_rows == split.train  # what heraldps feed trains
+    assert _load_job(str(path))[0].max_rows == split.train  # what heraldps feed trains
     assert job_file.row_split(job_file.from_dict({**SMALL, "data": {"train": "x"}})) is None

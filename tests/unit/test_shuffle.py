@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pytest
 
 from heraldps.data import DataSpec, read_all
-from heraldps.data.shuffle import ShuffledRows, bucket_sizes, shuffled_batches
+from heraldps.data.shuffle import ShuffledEpochs, ShuffledRows, bucket_sizes, shuffled_batches
 from heraldps.errors import InvalidArgument
 from heraldps.job_file import from_dict
 from launcher.cli.train import add_arguments, overrides_of
@@ -179,3 +179,20 @@ def test_job_file_and_flag() -> None:
     assert overrides_of(args)["schedule.shuffle_buffer_rows"] == 100_000
     with pytest.raises(SystemExit):
         parser.parse_args(["--job", "j.yaml", "--shuffle-buffer-rows", "-5"])
+
+
+def test_feed_epochs_are_train_epochs_and_resume_mid_epoch(data: DataSpec, tmp_path: Path) -> None:
+    """``ShuffledEpochs`` (``heraldps feed``): epoch e's batches are those of train's epoch e,
+    and a restart at any batch gives the rest of the run."""
+    epochs = ShuffledEpochs(data, ROWS, 256, None, 3, 900, 5, tmp_path)
+    per_epoch = ROWS // 256
+    assert len(epochs) == 3 * per_epoch
+    whole = [b.dense[:, 0].copy() for b in epochs.iter_from(0)]
+    for e in (1, 3):
+        train = list(shuffled_batches(shuffled(data, tmp_path, 900, epoch=e, block=65_536), 256))
+        got = whole[(e - 1) * per_epoch : e * per_epoch]
+        assert all(np.array_equal(a, b.dense[:, 0]) for a, b in zip(got, train, strict=True))
+    for start in (per_epoch + 5, 3 * per_epoch - 1):
+        rest = [b.dense[:, 0] for b in epochs.iter_from(start)]
+        assert len(rest) == len(whole) - start
+        assert all(np.array_equal(a, b) for a, b in zip(rest, whole[start:], strict=True))
