@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from heraldps.jit import njit
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,28 +68,32 @@ class SparseDataset:
         )
 
     def take(self, rows: npt.NDArray[np.int64]) -> SparseDataset:
-        """The rows ``rows`` (any order, repeats allowed) as a new dataset, vectorized."""
+        """The rows ``rows`` (any order, repeats allowed) as a new dataset: one compiled
+        pass copies each row's keys (and fields) in place."""
         if rows.shape[0] and (rows.min() < 0 or rows.max() >= self.rows):
             raise ValueError(
                 f"row indices must be in 0..{self.rows - 1}, got {int(rows.min())}.."
                 f"{int(rows.max())}"
             )
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
         starts = self.offsets[rows]
         lengths = self.offsets[rows + 1] - starts
         offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        # Position of every taken key in ``keys``: its row's start plus its rank in the row.
-        positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(
-            int(offsets[-1]), dtype=np.int64
-        )
+        keys = np.empty(int(offsets[-1]), dtype=np.int64)
+        _gather_runs(self.keys, starts, offsets, keys)
+        fields = None
+        if self.fields is not None:
+            fields = np.empty(int(offsets[-1]), dtype=np.int32)
+            _gather_runs(self.fields, starts, offsets, fields)
         return SparseDataset(
             offsets=offsets,
-            keys=self.keys[positions],
+            keys=keys,
             labels=self.labels[rows],
             dense=self.dense[rows],
             sparse_columns=self.sparse_columns,
             dense_columns=self.dense_columns,
-            fields=None if self.fields is None else self.fields[positions],
+            fields=fields,
         )
 
     def batches(self, batch_size: int, limit: int | None = None) -> Iterator[SparseDataset]:
@@ -99,6 +106,21 @@ class SparseDataset:
         if limit is not None:
             count = min(count, limit)
         return (self.row_slice(b * batch_size, (b + 1) * batch_size) for b in range(count))
+
+
+@njit(nogil=True)
+def _gather_runs(
+    source: npt.NDArray[Any],
+    starts: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    out: npt.NDArray[Any],
+) -> None:  # pragma: no cover - compiled
+    """``out[offsets[i]:offsets[i + 1]]`` = the run of ``source`` from ``starts[i]``."""
+    for i in range(starts.shape[0]):
+        s = starts[i]
+        o = offsets[i]
+        for j in range(offsets[i + 1] - o):
+            out[o + j] = source[s + j]
 
 
 def _check_dataset(ds: SparseDataset) -> None:
