@@ -26,6 +26,7 @@ epoch come only after the whole scatter pass.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import math
@@ -52,6 +53,23 @@ BLOCK_ROWS = 65_536
 
 # The spill file's arrays per segment, in order (lengths: keys per row).
 _LENGTH, _KEY, _FIELD, _LABEL, _DENSE = np.int64, np.int64, np.int32, np.float32, np.float32
+
+
+# Spill files of iterations not yet ended. A run that stops on an exception may leave its
+# iterator unclosed (its traceback holds it) until the interpreter exits: removed then.
+_LIVE: set[str] = set()
+
+
+def _remove(name: str) -> None:
+    _LIVE.discard(name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name)
+
+
+@atexit.register
+def _remove_all() -> None:
+    for name in list(_LIVE):
+        _remove(name)
 
 
 def bucket_sizes(rows: int, buffer_rows: int) -> npt.NDArray[np.int64]:
@@ -113,13 +131,13 @@ class ShuffledRows:
         self.spill_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f"shuffle-epoch-{self.epoch}-", suffix=".bin",
                                     dir=self.spill_dir)  # fmt: skip
+        _LIVE.add(name)
         try:
             with os.fdopen(fd, "w+b") as spill:
                 index = self._scatter(spill, sizes)
                 yield from self._gather(spill, sizes, index)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
+            _remove(name)
 
     def _scatter(self, spill: BufferedRandom, sizes: npt.NDArray[np.int64]) -> _Index:
         """Pass 1: every block's rows into the spill file, grouped by bucket."""

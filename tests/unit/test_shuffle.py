@@ -196,3 +196,27 @@ def test_feed_epochs_are_train_epochs_and_resume_mid_epoch(data: DataSpec, tmp_p
         rest = [b.dense[:, 0] for b in epochs.iter_from(start)]
         assert len(rest) == len(whole) - start
         assert all(np.array_equal(a, b) for a, b in zip(rest, whole[start:], strict=True))
+
+
+def test_a_process_that_stops_mid_epoch_leaves_no_spill_file(data: DataSpec,
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    """An exception out of the main thread with the epoch's iterator still referenced (as a
+    run stopped by SIGTERM: its traceback holds the iterator): the file goes at exit."""
+    script = (
+        "import sys, pathlib\n"
+        "from heraldps.data import DataSpec\n"
+        "from heraldps.data.shuffle import ShuffledRows\n"
+        f"spec = DataSpec.from_dict({data.to_dict()!r})\n"
+        f"rows = iter(ShuffledRows(spec, {ROWS}, 700, 5, 1, pathlib.Path({str(tmp_path)!r}),"
+        " block_rows=400))\n"
+        "next(rows)\n"
+        "assert len(list(pathlib.Path(sys.argv[1]).glob('shuffle-*'))) == 1\n"
+        "raise RuntimeError('stopped')\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert "RuntimeError: stopped" in done.stderr, done.stderr
+    assert list(tmp_path.glob("shuffle-*")) == []
