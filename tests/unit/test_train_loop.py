@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 from prometheus_client import generate_latest
 
-from launcher.train import Epoch, TrainMetrics, better, epoch_order
+from launcher.train import TrainMetrics, epoch_order
+from launcher.train_state import Epoch, better
 
 
 def test_better_follows_the_monitored_metric_and_never_takes_nan() -> None:
