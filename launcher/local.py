@@ -278,9 +278,7 @@ def run_mode(
     # Absolute: the scheduler hands it to the shards, which resolve it on their own.
     checkpoint_dir = (recovery.checkpoint_dir or workdir / "checkpoints").absolute()
     if recovery.checkpoint_every or recovery.max_restarts:
-        for old in checkpoints.published(checkpoint_dir):  # a new run: not an older run's
-            shutil.rmtree(old.path)
-        checkpoints.remove_partial(checkpoint_dir)
+        clear_checkpoints(checkpoint_dir)
 
     def attempt(number: int) -> _Attempt:
         started = _Attempt(job, mode, shards, batches, workdir, job_path, store, cache_gb,
@@ -344,6 +342,14 @@ def restarting(
                                 exit_code=died.exit_code if died else None))  # fmt: skip
         _keep_logs(workdir, number)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def clear_checkpoints(directory: Path) -> None:
+    """Remove every checkpoint under ``directory``: a new run's restarts must never load an
+    older run's."""
+    for old in checkpoints.published(directory):
+        shutil.rmtree(old.path)
+    checkpoints.remove_partial(directory)
 
 
 def checkpoint_flags(

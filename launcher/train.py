@@ -50,7 +50,15 @@ from launcher.cluster import (
 )
 from launcher.export import export_from_ps
 from launcher.feed import submit_batches
-from launcher.local import Recovery, Restart, _monitor, checkpoint_flags, evaluate, restarting
+from launcher.local import (
+    Recovery,
+    Restart,
+    _monitor,
+    checkpoint_flags,
+    clear_checkpoints,
+    evaluate,
+    restarting,
+)
 from launcher.train_state import Epoch, TrainState
 from worker_client.evaluation import auc, logloss
 from worker_client.minibatch import global_batches
@@ -199,6 +207,9 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Train until early stopping or ``max_epochs``; the report (also OUT/report.json)."""
         started = time.perf_counter()
+        if not self.resuming:  # a new run: a restart must never load an older run's
+            assert self.recovery.checkpoint_dir is not None
+            clear_checkpoints(self.recovery.checkpoint_dir)
         self.state.save(self.out)  # before any checkpoint: a rerun finds whose they are
         try:
             _, self.restarts = restarting(self.recovery.max_restarts, self.workdir,

@@ -52,10 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(schedule.checkpoint_every)",
     )
     p.add_argument(
-        "--checkpoint-epochs",
-        action=argparse.BooleanOptionalAction,
+        "--no-checkpoint-epochs",
+        dest="checkpoint_epochs",
+        action="store_const",
+        const=False,
         default=None,
-        help="a checkpoint at every epoch's end (schedule.checkpoint_epochs; default on)",
+        help="no checkpoint at each epoch's end (schedule.checkpoint_epochs: false; they are "
+        "on by default)",
     )
     p.add_argument(
         "--keep-checkpoints",
