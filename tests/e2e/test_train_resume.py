@@ -4,10 +4,11 @@ processes, SIGKILL).
 The job is test_train's: a validation split that gets worse, so the learning rate decays
 after epoch 2 and training stops early after epoch 3 (3 x 8 iterations), plus a
 validation every 4 iterations within epochs and a checkpoint every 3 iterations (and at
-every epoch's end). Killing a worker mid-epoch with ``--max-restarts 1``, or killing the
-launcher and running the same command again, must end with the uninterrupted run's
-report, figure for figure (every epoch's train loss, validation AUC and logloss, learning
-rate; the validations within epochs; the test figures) and its best model, file for file.
+every epoch's end). Killing a worker and then the scheduler mid-epoch with
+``--max-restarts 2``, or killing the launcher and running the same command again, must end
+with the uninterrupted run's report, figure for figure (every epoch's train loss,
+validation AUC and logloss, learning rate; the validations within epochs; the test
+figures) and its best model, file for file.
 The validation logloss of every epoch is a function of that epoch's whole model, so equal
 figures after the resumed epochs mean the resumed training reached the same model.
 
@@ -55,18 +56,21 @@ def test_a_killed_worker_and_a_killed_launcher_resume_to_the_uninterrupted_run(
     lrs = [e["lr"] for e in plain["epochs"]]
     assert lrs[0] == lrs[1] > lrs[2]  # decayed after epoch 2: the schedule's state matters
 
-    # A worker dies in epoch 2; the cluster restarts from the newest checkpoint.
-    (tmp_path / "worker" / "cluster").mkdir(parents=True)
-    killer = Killer(tmp_path / "worker" / "cluster", [("worker-1", 10)])
-    worker = _train(job, tmp_path / "worker", "--max-restarts", "1")
+    # A worker dies in epoch 2, the scheduler in epoch 3; each time the cluster restarts
+    # from the newest checkpoint.
+    (tmp_path / "killed" / "cluster").mkdir(parents=True)
+    killer = Killer(tmp_path / "killed" / "cluster", [("worker-1", 10), ("scheduler", 19)])
+    killed = _train(job, tmp_path / "killed", "--max-restarts", "2")
     killer.thread.join(timeout=5)
-    assert [k[0] for k in killer.killed] == ["worker-1"]
-    [restart] = worker["restarts"]
-    assert restart["process"] == "worker-1" and restart["exit_code"] == -9
-    # Checkpoints at 8 and 11 (every 3), 7 (epoch 1's end): resumed mid-epoch 2.
-    assert restart["resumed_at"] in (9, 12), restart
-    assert "restart 1 of at most 1" in worker["stdout"]
-    _same_run(worker, plain, tmp_path / "worker", tmp_path / "plain")
+    assert [k[0] for k in killer.killed] == ["worker-1", "scheduler"]
+    restarts = killed["restarts"]
+    assert [(r["process"], r["exit_code"]) for r in restarts] == [("worker-1", -9),
+                                                                  ("scheduler", -9)]  # fmt: skip
+    # Checkpoints every 3 (2, 5, 8, 11, ...) and at epoch ends (7, 15): resumed mid-epoch 2
+    # at 9 or 12 (the kill may land one commit after the look), mid-epoch 3 at 18 or 21.
+    assert [r["resumed_at"] for r in restarts] in ([9, 18], [9, 21], [12, 18], [12, 21])
+    assert "restart 2 of at most 2" in killed["stdout"]
+    _same_run(killed, plain, tmp_path / "killed", tmp_path / "plain")
 
     # The launcher dies in epoch 3 (its processes die with it); the same command resumes.
     out = tmp_path / "launcher"
