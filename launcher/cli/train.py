@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from heraldps.modes import ALL_MODES
@@ -90,7 +91,6 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import json
     from dataclasses import replace
-    from pathlib import Path
 
     from heraldps import job_file
     from heraldps.errors import InvalidArgument
@@ -151,10 +151,18 @@ def run(args: argparse.Namespace) -> int:
         trainer = Trainer(jf, data, out, cache_rows, say=lambda line: print(line, flush=True),
                           metrics=metrics, resume=earlier)  # fmt: skip
         report = trainer.run()
-    print(f"best epoch {report['best_epoch']}: test AUC {report['test_auc']:.6f}, logloss "
-          f"{report['test_logloss']:.6f} (scored from {out / 'best'}); report "
-          f"{out / 'report.json'}, curves {out / 'curves.png'}")  # fmt: skip
+    print(f"{final_line(report, out)}; report {out / 'report.json'}, curves "
+          f"{out / 'curves.png'}")  # fmt: skip
     return 0
+
+
+def final_line(report: dict[str, Any], out: Path) -> str:
+    """The run's outcome: the best epoch and its test scores, or why there are none."""
+    best = f"best epoch {report['best_epoch']}"
+    if report["test_auc"] == report["test_auc"]:  # not NaN: a test split was scored
+        return (f"{best}: test AUC {report['test_auc']:.6f}, logloss "
+                f"{report['test_logloss']:.6f} (scored from {out / 'best'})")  # fmt: skip
+    return f"{best} ({out / 'best'}); no test split in the job (data.test or test_fraction)"
 
 
 COMMAND = Command(
