@@ -47,6 +47,9 @@ class Manifest:
     batch i is a pure function of the job and i, so the feeder starts at batch
     ``next_iteration`` (``samples_seen`` samples in). ``fingerprint``: the job's (data,
     model, optimizer, batch size, mode), checked on resume when the scheduler is given one.
+    ``loss_sum`` and ``loss_samples``: the training loss summed over those samples (the
+    scheduler's ``committed_loss_sum``), so a resumed run's per-epoch mean loss is the
+    uninterrupted run's.
     """
 
     iteration: int
@@ -56,6 +59,8 @@ class Manifest:
     tables: list[dict[str, Any]] = field(default_factory=list)
     rows: int = 0
     samples_seen: int = 0
+    loss_sum: float = 0.0
+    loss_samples: int = 0
     fingerprint: str = ""
     seconds: float = 0.0  # how long the snapshot took
     format: str = FORMAT
@@ -129,6 +134,8 @@ _FIELDS: dict[str, Callable[[Any], bool]] = {
     "tables": lambda v: isinstance(v, list) and all(_is_table(t) for t in v),
     "rows": _is_int(0),
     "samples_seen": _is_int(0),
+    "loss_sum": lambda v: type(v) in (int, float),
+    "loss_samples": _is_int(0),
     "fingerprint": lambda v: isinstance(v, str),
     "seconds": lambda v: type(v) in (int, float) and v >= 0,
     "format": lambda v: v == FORMAT,
@@ -142,6 +149,8 @@ _EXPECTED = {
     "tables": "a list of {name, dim, rows}",
     "rows": "an integer >= 0",
     "samples_seen": "an integer >= 0",
+    "loss_sum": "a number",
+    "loss_samples": "an integer >= 0",
     "fingerprint": "a string",
     "seconds": "a number >= 0",
     "format": repr(FORMAT),
@@ -336,15 +345,20 @@ def begin(root: Path, iteration: int) -> Path:
 
 
 def publish(target: Path, manifest: Manifest) -> None:
-    """Write the manifest atomically (temporary file, fsync, rename, fsync the directory):
-    from here on the checkpoint is complete."""
-    tmp = target / f".{MANIFEST}.tmp"
+    """Write the manifest atomically: from here on the checkpoint is complete."""
+    write_durably(target / MANIFEST, manifest.to_json(), also_sync=(target.parent,))
+
+
+def write_durably(path: Path, text: str, also_sync: tuple[Path, ...] = ()) -> None:
+    """Replace ``path`` by ``text`` atomically (temporary file, fsync, rename, fsync its
+    directory and ``also_sync``): a crash leaves the old file or the new one, whole."""
+    tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
-        f.write(manifest.to_json())
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    tmp.rename(target / MANIFEST)
-    for directory in (target, target.parent):
+    tmp.rename(path)
+    for directory in (path.parent, *also_sync):
         fd = os.open(directory, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -26,11 +26,12 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "optimizer": ("name", "lr", "embedding_l2", "weight_decay"),
     "schedule": (
         "max_epochs", "monitor", "patience", "lr_decay", "lr_patience", "seed", "shuffle",
-        "shuffle_buffer_rows", "eval_every",
+        "shuffle_buffer_rows", "eval_every", "checkpoint_every", "checkpoint_epochs",
+        "keep_checkpoints",
     ),
     "cluster": (
         "mode", "workers", "batch_size_per_worker", "shards", "store", "cache_gb",
-        "cache_fraction", "staleness", "policy", "device", "dense_sync",
+        "cache_fraction", "staleness", "policy", "device", "dense_sync", "max_restarts",
     ),
     "output": ("dir",),
 }  # fmt: skip
@@ -67,6 +68,14 @@ class Schedule:
     # split through a two-pass bucket shuffle holding at most N rows (heraldps.data.shuffle)
     shuffle_buffer_rows: int = 0
     eval_every: int = 0  # also validate every this many iterations within an epoch (0: off)
+    checkpoint_every: int = 0  # a checkpoint every this many iterations (0: off)
+    checkpoint_epochs: bool = True  # a checkpoint at every epoch's end
+    keep_checkpoints: int = 2  # the newest this many are kept
+
+    @property
+    def checkpoints(self) -> bool:
+        """Whether the run writes checkpoints at all."""
+        return bool(self.checkpoint_every or self.checkpoint_epochs)
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class Cluster:
     store: str = "staged"
     cache_gb: float = 1.0
     cache_fraction: float = 0.1  # cache rows per worker: this share of distinct train keys
+    max_restarts: int = 0  # a process that dies: restart from the newest checkpoint this often
 
 
 @dataclass(frozen=True)
@@ -215,13 +225,18 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> JobFile:
                               f"{buffer!r}")  # fmt: skip
     if not isinstance(schedule.shuffle, bool):
         raise InvalidArgument(f"schedule.shuffle must be true or false, got {schedule.shuffle!r}")
-    if schedule.eval_every < 0:
-        raise InvalidArgument("schedule.eval_every must be >= 0 iterations (0: off)")
+    if schedule.eval_every < 0 or schedule.checkpoint_every < 0:
+        raise InvalidArgument("schedule.eval_every and checkpoint_every must be >= 0 "
+                              "iterations (0: off)")  # fmt: skip
+    if schedule.keep_checkpoints < 1:
+        raise InvalidArgument("schedule.keep_checkpoints must be >= 1")
     if not 0 < schedule.lr_decay <= 1:
         raise InvalidArgument(f"schedule.lr_decay must be in (0, 1] (1: off), got "
                               f"{schedule.lr_decay}")  # fmt: skip
-    cluster = Cluster(**{k: cl[k] for k in ("mode", "shards", "store", "cache_gb",
-                                            "cache_fraction") if k in cl})  # fmt: skip
+    own = ("mode", "shards", "store", "cache_gb", "cache_fraction", "max_restarts")
+    cluster = Cluster(**{k: cl[k] for k in own if k in cl})
+    if cluster.max_restarts < 0:
+        raise InvalidArgument("cluster.max_restarts must be >= 0")
     from heraldps.modes import mode_named
 
     mode_named(cluster.mode)  # a known mode, or the error listing them

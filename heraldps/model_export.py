@@ -86,11 +86,13 @@ def touched(
     """The rows training updated (version > 0), sorted by key: a row only pulled (an
     evaluation's unseen key, version 0) still holds its initial value and is left out."""
     keep = np.asarray(versions) > 0
-    order = np.argsort(keys[keep], kind="stable")
+    if not keep.all():  # else no copy: a large table is held once, then once sorted
+        keys, values = keys[keep], values[keep]
+    order = np.argsort(keys, kind="stable")
     return ModelTable(
         name,
-        np.ascontiguousarray(keys[keep][order], np.int64),
-        np.ascontiguousarray(values[keep][order], np.float32),
+        np.ascontiguousarray(keys[order], np.int64),
+        np.ascontiguousarray(values[order], np.float32),
         initializer,
     )
 

@@ -2,7 +2,7 @@
 
 Both give the same directory (``heraldps.model_export``): the embedding rows training
 touched, the dense vector, the job. From live shards the rows come through
-``ExportIncremental`` (every row, then those with version 0 dropped) and the dense
+``ExportIncremental`` (every row, those with version 0 dropped block by block) and the dense
 vector through a pull; from a checkpoint, the shards' snapshot files are read and
 verified as a shard's Load verifies them (``ps_server.snapshot``).
 """
@@ -16,6 +16,7 @@ import numpy as np
 
 from heraldps import checkpoints
 from heraldps.client import PSClient
+from heraldps.client.snapshots import ExportedRows
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.job import DENSE_TABLE, EMBEDDING_TABLE, TrainingJob
 from heraldps.model_export import ExportedModel, touched, write_model
@@ -24,14 +25,26 @@ from ps_server.snapshot import read_for_shard
 
 def export_from_ps(job: TrainingJob, ps: PSClient, out: Path, source: dict[str, Any]) -> Path:
     """Write the model the shards behind ``ps`` hold now to the new directory ``out``."""
-    rows = ps.export_incremental(-1, EMBEDDING_TABLE).get(EMBEDDING_TABLE)
-    if rows is None:
+    blocks = [rows for name, rows in ps.export_blocks(-1, EMBEDDING_TABLE, keep=_trained)
+              if name == EMBEDDING_TABLE]  # fmt: skip
+    if not blocks:
         raise FailedPrecondition(f"the shards hold no {EMBEDDING_TABLE!r} table: nothing trained")
-    table = touched(EMBEDDING_TABLE, rows.keys, rows.values, rows.versions,
-                    job.make_initializer())  # fmt: skip
+    keys, values, versions = (np.concatenate([getattr(b, f) for b in blocks])
+                              for f in ("keys", "values", "versions"))  # fmt: skip
+    del blocks
+    table = touched(EMBEDDING_TABLE, keys, values, versions, job.make_initializer())
     dense = ps.pull_dense(job.dense_parameter(job.model().dense_size))
     model = ExportedModel(job.to_json(), {EMBEDDING_TABLE: table}, dense, source)
     return write_model(out, model)
+
+
+def _trained(rows: ExportedRows) -> ExportedRows:
+    """A block's trained rows (version > 0, see ``touched``), values only: an export of a
+    large table holds the rows it writes, not every row's optimizer state and bytes."""
+    keep = rows.versions > 0
+    empty = np.zeros((int(keep.sum()), 0), np.float32)
+    return ExportedRows(rows.keys[keep], rows.values[keep], empty, rows.versions[keep],
+                        rows.changed_iterations[keep])  # fmt: skip
 
 
 def export_from_checkpoint(job: TrainingJob, checkpoint: Path, out: Path) -> Path:

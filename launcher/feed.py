@@ -76,13 +76,15 @@ def submit_batches(
     on_submitted: Callable[[int], None] | None = None,
     lr_scales: Sequence[float] = (),
     flush: Container[int] = (),
+    checkpoint: Container[int] = (),
     finish: bool = True,
 ) -> bool:
     """Submit ``batches`` (iterations ``start``, ``start + 1``, ...) in order, whole samples
     each, then Finish (unless not ``finish``); False if ``stop`` was set first.
 
     Iteration t carries ``lr_scales[t]`` (1.0 past its end; a learning-rate schedule) and
-    the flush marker when t is in ``flush`` (the PS holds the exact model once t commits).
+    the flush marker when t is in ``flush`` (the PS holds the exact model once t commits),
+    the checkpoint marker when t is in ``checkpoint`` (a flush, then a snapshot).
 
     ``batches`` is consumed one batch at a time, so a streamed run holds only the batch
     being sent (the scheduler's backlog bounds how far the feeder runs ahead).
@@ -98,6 +100,7 @@ def submit_batches(
             batch=encode_samples(batch),
             lr_scale=lr_scales[t] if t < len(lr_scales) else 1.0,
             flush=t in flush,
+            checkpoint=t in checkpoint,
         )
         waiting_since = time.monotonic()
         while True:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import numpy as np
@@ -278,39 +278,91 @@ def run_mode(
     # Absolute: the scheduler hands it to the shards, which resolve it on their own.
     checkpoint_dir = (recovery.checkpoint_dir or workdir / "checkpoints").absolute()
     if recovery.checkpoint_every or recovery.max_restarts:
-        for old in checkpoints.published(checkpoint_dir):  # a new run: not an older run's
-            shutil.rmtree(old.path)
-        checkpoints.remove_partial(checkpoint_dir)
+        clear_checkpoints(checkpoint_dir)
+
+    def attempt(number: int) -> _Attempt:
+        started = _Attempt(job, mode, shards, batches, workdir, job_path, store, cache_gb,
+                           network, recovery, checkpoint_dir, number)  # fmt: skip
+        started.lr_scales = lr_scales
+        started.wanted = (eval_data, progress, keep_model, export)
+        return started
+
+    result, restarts = restarting(recovery.max_restarts, workdir, attempt)
+    result.restarts = restarts
+    return result
+
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Resumable(Protocol[T_co]):
+    """One start of a cluster that resumes from the newest checkpoint (``run_mode``'s
+    attempts, ``heraldps train``'s): ``run`` trains until the end or raises ClusterError."""
+
+    @property
+    def resumed_at(self) -> int: ...  # the first batch it fed (-1: failed before that)
+
+    @property
+    def first_commit(self) -> float | None: ...  # when an iteration past it was committed
+
+    def run(self) -> T_co: ...
+
+
+def restarting(
+    max_restarts: int, workdir: Path, attempt: Callable[[int], Resumable[T]]
+) -> tuple[T, list[Restart]]:
+    """Run ``attempt(0)``; on a ClusterError keep its logs (``NAME.log.N``) and run
+    ``attempt(1)``, ... (each restarts the cluster from the newest checkpoint), at most
+    ``max_restarts`` times. The result and every failure with its resume."""
     restarts: list[Restart] = []
     failed_at = 0.0
-    for attempt in range(recovery.max_restarts + 1):
-        attempt_run = _Attempt(job, mode, shards, batches, workdir, job_path, store, cache_gb,
-                               network, recovery, checkpoint_dir, attempt)  # fmt: skip
-        attempt_run.lr_scales = lr_scales
+    for number in range(max_restarts + 1):
+        current = attempt(number)
         error: ClusterError | None = None
         try:
-            result = attempt_run.train(eval_data, progress, keep_model, export)
+            result = current.run()
         except ClusterError as exc:
             error = exc
         if restarts:  # this attempt resumed after the previous one failed
-            restarts[-1].resumed_at = attempt_run.resumed_at
-            if attempt_run.first_commit is not None:
-                restarts[-1].seconds_to_resume = attempt_run.first_commit - failed_at
+            restarts[-1].resumed_at = current.resumed_at
+            if current.first_commit is not None:
+                restarts[-1].seconds_to_resume = current.first_commit - failed_at
         if error is None:
-            result.restarts = restarts
-            return result
-        if attempt >= recovery.max_restarts:
+            return result, restarts
+        if number >= max_restarts:
             if restarts:
                 raise ClusterError(f"{error}\n(after {len(restarts)} restarts)") from None
             raise error
         failed_at = time.perf_counter()
         what = str(error).splitlines()[0].split("; its log")[0]  # the log stays: NAME.log.N
         died = error if isinstance(error, ProcessDied) else None
-        restarts.append(Restart(attempt, what, resumed_at=-1,
+        restarts.append(Restart(number, what, resumed_at=-1,
                                 process=died.process if died else "",
                                 exit_code=died.exit_code if died else None))  # fmt: skip
-        _keep_logs(workdir, attempt)
+        _keep_logs(workdir, number)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def clear_checkpoints(directory: Path) -> None:
+    """Remove every checkpoint under ``directory``: a new run's restarts must never load an
+    older run's."""
+    for old in checkpoints.published(directory):
+        shutil.rmtree(old.path)
+    checkpoints.remove_partial(directory)
+
+
+def checkpoint_flags(
+    recovery: Recovery, directory: Path, fingerprint: str, resume: bool
+) -> tuple[str, ...]:
+    """The scheduler's flags that write checkpoints of ``recovery`` into ``directory``
+    (absolute) for the job ``fingerprint``; with ``resume``, it starts from the newest."""
+    flags: tuple[str, ...] = (
+        "--checkpoint-every", str(recovery.checkpoint_every), "--checkpoint-dir",
+        str(directory), "--keep-checkpoints", str(recovery.keep),
+        "--job-fingerprint", fingerprint,
+    )  # fmt: skip
+    return flags + (("--resume-from", str(directory)) if resume else ())
 
 
 def _keep_logs(workdir: Path, attempt: int) -> None:
@@ -344,23 +396,22 @@ class _Attempt:
         self.resumed_at = -1  # the first batch this attempt feeds
         self.first_commit: float | None = None  # when an iteration past the resume committed
         self.lr_scales: Sequence[float] = ()  # iteration t's learning-rate multiplier
+        # train()'s arguments: evaluation data, progress, keep the model, export to
+        self.wanted: tuple[SparseDataset | DataSpec | None, Progress | None, bool, Path | None]
+        self.wanted = (None, None, False, None)
 
     def _first_commit(self, when: float) -> None:
         self.first_commit = when
+
+    def run(self) -> ModeResult:
+        return self.train(*self.wanted)
 
     def _scheduler_flags(self) -> tuple[str, ...]:
         r = self.recovery
         if not (r.checkpoint_every or r.max_restarts):
             return ()
         job_id = checkpoints.fingerprint(self.job.to_json(), self.mode)
-        flags: tuple[str, ...] = (
-            "--checkpoint-every", str(r.checkpoint_every), "--checkpoint-dir",
-            str(self.checkpoint_dir), "--keep-checkpoints", str(r.keep),
-            "--job-fingerprint", job_id,
-        )  # fmt: skip
-        if self.attempt > 0:
-            flags += ("--resume-from", str(self.checkpoint_dir))
-        return flags
+        return checkpoint_flags(r, self.checkpoint_dir, job_id, resume=self.attempt > 0)
 
     def train(
         self,
@@ -513,10 +564,12 @@ def _monitor(
     after: int = -1,
     on_first_commit: Callable[[float], None] | None = None,
     worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
+    until: int | None = None,
 ) -> float | None:
-    """Wait for every worker to exit 0; fail fast (with the log) when any process dies,
-    when the scheduler aborts the run (a silent worker, a failed commit: its reason), or
-    when the scheduler has not answered for ``worker_timeout`` seconds (frozen).
+    """Wait for every worker to exit 0 (with ``until``: for that iteration's commit); fail
+    fast (with the log) when any process dies, when the scheduler aborts the run (a silent
+    worker, a failed commit: its reason), or when the scheduler has not answered for
+    ``worker_timeout`` seconds (frozen).
 
     Returns when the first iteration past ``after`` (a resumed checkpoint's) was seen
     committed (None if never seen)."""
@@ -551,6 +604,8 @@ def _monitor(
                 first_commit = time.perf_counter()
                 if on_first_commit is not None:
                     on_first_commit(first_commit)
+            if until is not None and status is not None and status.committed_iteration >= until:
+                return first_commit
             if progress is not None and status is not None:
                 r = status.reported
                 so_far = {

@@ -21,7 +21,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,12 @@ import grpc
 import numpy as np
 from prometheus_client import CollectorRegistry, Gauge
 
+from heraldps import checkpoints
 from heraldps.client import PSClient
 from heraldps.data import DataSpec, SparseDataset, read_all
 from heraldps.data.global_batches import StreamedBatches
 from heraldps.data.shuffle import ShuffledRows, bucket_sizes, shuffled_batches
+from heraldps.errors import HeraldError
 from heraldps.job import TrainingJob
 from heraldps.job_file import JobFile, Schedule
 from heraldps.traffic import REPORTED
@@ -49,27 +51,22 @@ from launcher.cluster import (
 )
 from launcher.export import export_from_ps
 from launcher.feed import submit_batches
-from launcher.local import _raise_if_died, evaluate
+from launcher.local import (
+    Recovery,
+    Restart,
+    _monitor,
+    checkpoint_flags,
+    clear_checkpoints,
+    evaluate,
+    restarting,
+)
+from launcher.train_state import Epoch, TrainState
 from worker_client.evaluation import auc, logloss
 from worker_client.minibatch import global_batches
 from worker_client.predictor import Predictor
 
 BEST = "best"
-
-
-@dataclass
-class Epoch:
-    """One epoch's figures, as the report and the progress line give them."""
-
-    epoch: int
-    iterations: int
-    train_loss: float
-    valid_auc: float
-    valid_logloss: float
-    lr: float  # the learning rate this epoch trained with
-    samples_per_second: float
-    seconds: float
-    improved: bool
+CHECKPOINTS = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -112,15 +109,6 @@ class TrainMetrics:
         self.best.set(best)
 
 
-def better(monitor: str, value: float, best: float | None) -> bool:
-    """Whether ``value`` of ``monitor`` improves on ``best`` (None: nothing yet)."""
-    if not np.isfinite(value):
-        return False
-    if best is None:
-        return True
-    return value > best if monitor == "auc" else value < best
-
-
 def epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
     """The order of the training rows in ``epoch`` (from 1): a permutation drawn from
     (seed, epoch), the same in every run of the job; file order without ``shuffle``. The
@@ -131,7 +119,14 @@ def epoch_order(rows: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
 
 
 class Trainer:
-    """The cluster of one ``heraldps train`` run and its epoch loop."""
+    """The cluster of one ``heraldps train`` run and its epoch loop.
+
+    With checkpoints (``schedule.checkpoint_every``, ``checkpoint_epochs``) the scheduler
+    snapshots the PS into ``OUT/checkpoints``; a process that dies stops the cluster, and up
+    to ``cluster.max_restarts`` times it starts again from the newest checkpoint
+    (:func:`launcher.local.restarting`, as ``heraldps local`` does). The epoch loop then goes
+    on from that checkpoint's batch, with the state of ``OUT/train-state.json`` rewound to it.
+    A run whose ``OUT`` already holds this job's state resumes the same way (``resume``)."""
 
     def __init__(
         self,
@@ -141,22 +136,49 @@ class Trainer:
         cache_rows: int,
         say: Callable[[str], None] = print,
         metrics: TrainMetrics | None = None,
+        resume: TrainState | None = None,
     ) -> None:
         self.jf, self.data, self.out, self.say = job_file, data, out, say
         self.job = replace(data.job, cache_rows=cache_rows, iterations=None)
         self.metrics = metrics or TrainMetrics()
         self.workdir = out / "cluster"
         self.processes: list[ManagedProcess] = []
-        self.epochs: list[Epoch] = []
-        self.best_epoch = 0
+        self.state = resume or TrainState(fingerprint(job_file, self.job))
+        self.resuming = resume is not None  # the first start loads the newest checkpoint
         self.traffic: dict[str, int] = {}
-        self.evals: list[dict[str, float]] = []  # validations within epochs (eval_every)
         self.walls: list[float] = []  # each epoch's wall seconds, its validations included
         self.stop = threading.Event()  # set: the feeding thread stops submitting
         self.feeder = ThreadPoolExecutor(1, thread_name_prefix="feeder")
+        self.restarts: list[Restart] = []
+        self.resumed_from: int | None = None  # a rerun: the checkpoint's next batch
+        s = job_file.schedule
+        self.recovery = Recovery(checkpoint_every=s.checkpoint_every,
+                                 checkpoint_dir=(out / CHECKPOINTS).absolute(),
+                                 keep=s.keep_checkpoints,
+                                 max_restarts=job_file.cluster.max_restarts)  # fmt: skip
+
+    @property
+    def epochs(self) -> list[Epoch]:
+        return self.state.epochs
+
+    @property
+    def evals(self) -> list[dict[str, float]]:
+        return self.state.evals
+
+    @property
+    def best_epoch(self) -> int:
+        return self.state.best_epoch
 
     # ----- the cluster ---------------------------------------------------------------
-    def _start(self) -> tuple[PSClient, ManagedProcess, list[ManagedProcess]]:
+    def _scheduler_flags(self, resume: bool) -> tuple[str, ...]:
+        """Checkpoint flags (``OUT/checkpoints``), with ``resume``: start from the newest."""
+        r, s = self.recovery, self.jf.schedule
+        if not (s.checkpoints or r.max_restarts):
+            return ()
+        assert r.checkpoint_dir is not None
+        return checkpoint_flags(r, r.checkpoint_dir, self.state.fingerprint, resume)
+
+    def _start(self, resume: bool) -> tuple[PSClient, ManagedProcess, list[ManagedProcess]]:
         job, cluster = self.job, self.jf.cluster
         self.workdir.mkdir(parents=True, exist_ok=True)
         job_path = self.workdir / "job.json"
@@ -165,6 +187,7 @@ class Trainer:
         if cluster.store == "cached":
             store = ("--store", "cached", "--data-dir", str(self.workdir / "ps-data"),
                      "--cache-gb", str(cluster.cache_gb))  # fmt: skip
+            shutil.rmtree(self.workdir / "ps-data", ignore_errors=True)  # the checkpoint is it
         shards = [ps_process(i, cluster.shards, self.workdir, store)
                   for i in range(cluster.shards)]  # fmt: skip
         self.processes += shards
@@ -175,7 +198,8 @@ class Trainer:
         job.create_tables(ps)
         keys = job.distinct_keys or 0
         scheduler = scheduler_process(job.workers, job.cache_rows, cluster.mode, addresses,
-                                      self.workdir, expected_keys=keys)  # fmt: skip
+                                      self.workdir, expected_keys=keys,
+                                      extra=self._scheduler_flags(resume))  # fmt: skip
         self.processes.append(scheduler)
         start_servers([scheduler])
         workers = [worker_process(w, job_path, scheduler.address, addresses, self.workdir,
@@ -187,18 +211,14 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Train until early stopping or ``max_epochs``; the report (also OUT/report.json)."""
         started = time.perf_counter()
+        if not self.resuming:  # a new run: a restart must never load an older run's
+            assert self.recovery.checkpoint_dir is not None
+            clear_checkpoints(self.recovery.checkpoint_dir)
+        self.state.save(self.out)  # before any checkpoint: a rerun finds whose they are
         try:
-            ps, scheduler, workers = self._start()
-            servers = self.processes[: self.jf.cluster.shards + 1]
-            with grpc.insecure_channel(scheduler.address) as channel:
-                stub = scheduler_pb2_grpc.SchedulerStub(channel)
-                self._epochs(ps, stub, scheduler, servers, workers)
-                stub.Finish(scheduler_pb2.FinishRequest(), timeout=60)
-            self._wait_exit(stub_address=scheduler.address, servers=servers, workers=workers)
-            ps.close()
+            _, self.restarts = restarting(self.recovery.max_restarts, self.workdir,
+                                          lambda n: _TrainAttempt(self, n))  # fmt: skip
         finally:
-            self.stop.set()
-            stop_all(self.processes[::-1])
             self.feeder.shutdown(wait=True)
         self.traffic = self._traffic()
         test_auc, test_logloss = self._test()
@@ -207,115 +227,195 @@ class Trainer:
         write_curves(self.epochs, self.best_epoch, self.out / "curves.png")
         return report
 
-    def _epochs(
-        self,
-        ps: PSClient,
-        stub: scheduler_pb2_grpc.SchedulerStub,
-        scheduler: ManagedProcess,
-        servers: list[ManagedProcess],
-        workers: list[ManagedProcess],
-    ) -> None:
-        sched, job = self.jf.schedule, self.job
-        base_lr = job.make_optimizer().lr
-        scale, best, since_best, since_decay, t = 1.0, None, 0, 0, 0
-        for epoch in range(1, sched.max_epochs + 1):
+    def _attempt(self, attempt: _TrainAttempt) -> None:
+        """One start of the cluster (from the newest checkpoint after the first, or on a
+        rerun): train to the end, or raise ClusterError when a process dies."""
+        self.processes, self.stop = [], threading.Event()
+        mode = self.jf.cluster.mode
+        if attempt.number:
+            self.say(f"a process failed (its log: {self.workdir}/NAME.log.{attempt.number - 1});"
+                     f" restart {attempt.number} of at most {self.recovery.max_restarts} from "
+                     "the newest checkpoint")  # fmt: skip
+        try:
+            ps, scheduler, workers = self._start(attempt.number > 0 or self.resuming)
+            servers = self.processes[: self.jf.cluster.shards + 1]
+            watch = _Watch(scheduler, servers, workers, mode, attempt)
+            with grpc.insecure_channel(scheduler.address) as channel:
+                stub = scheduler_pb2_grpc.SchedulerStub(channel)
+                status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
+                attempt.resumed_at = int(status.next_batch_iteration)
+                if self.resuming and attempt.number == 0:
+                    self.resumed_from = attempt.resumed_at
+                self._epochs(ps, stub, watch)
+                stub.Finish(scheduler_pb2.FinishRequest(), timeout=60)
+            self._wait_exit(stub_address=scheduler.address, servers=servers, workers=workers)
+            ps.close()
+        except (TimeoutError, grpc.RpcError, HeraldError) as exc:
+            if isinstance(exc, ClusterError):
+                raise
+            dead = [f"{p.name} (exit {p.proc.poll()})" for p in self.processes
+                    if p.proc.poll() not in (None, 0)]  # fmt: skip
+            raise ClusterError(f"{mode}: {exc}; exited: {', '.join(dead) or 'none'}") from exc
+        finally:
+            self.stop.set()
+            stop_all(self.processes[::-1])
+
+    def _batches_per_epoch(self) -> int:
+        job = self.job
+        if self.data.train is None:
+            assert job.train_rows is not None
+            return len(StreamedBatches(job.data_spec(), job.train_rows, job.global_batch, None))
+        return self.data.train.rows // job.global_batch
+
+    def _monitored(self, e: Epoch) -> float:
+        """The value of ``e`` the schedule watches (no validation: every epoch improves)."""
+        if self.data.valid is None:
+            return float(e.epoch) if self.jf.schedule.monitor == "auc" else -float(e.epoch)
+        return e.valid_auc if self.jf.schedule.monitor == "auc" else e.valid_logloss
+
+    def _epochs(self, ps: PSClient, stub: scheduler_pb2_grpc.SchedulerStub, watch: _Watch) -> None:
+        """The epochs from the batch the scheduler expects (0, or a checkpoint's next)."""
+        sched, state = self.jf.schedule, self.state
+        per_epoch, next_batch = self._batches_per_epoch(), watch.attempt.resumed_at
+        state.rewind(next_batch, per_epoch)
+        plateau = state.replay(sched, [self._monitored(e) for e in state.epochs])
+        epoch = len(state.epochs) + 1
+        done = next_batch - (epoch - 1) * per_epoch  # batches of `epoch` committed already
+        if next_batch:
+            self.say(f"resumed from the checkpoint of iteration {next_batch - 1}: epoch {epoch}"
+                     f", {done} of {per_epoch} batches done")  # fmt: skip
+        if 0 < done < per_epoch:
+            self._validate_within(ps, epoch, next_batch - 1, done)  # if it was not yet
+        while epoch <= sched.max_epochs and not plateau.stopped:
             epoch_began = time.perf_counter()
-            count, batches = self._epoch_batches(epoch)
-            before = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
-            seconds = 0.0
-            every = sched.eval_every or count
-            for first in range(0, count, every):  # spans of eval_every iterations
-                size = min(every, count - first)
-                span = itertools.islice(batches, size)
-                began = time.perf_counter()
-                status = self._feed(stub, span, size, t, scale, scheduler, servers, workers)
-                seconds += time.perf_counter() - began
-                t += size
-                if first + size < count and self.data.valid is not None:
-                    auc_now, logloss_now = evaluate(job, self.data.valid, ps)
-                    self.evals.append(
-                        {
-                            "epoch": epoch,
-                            "iteration": t - 1,
-                            "valid_auc": auc_now,
-                            "valid_logloss": logloss_now,
-                        }
-                    )
-                    self.say(f"  iteration {t - 1}: valid AUC {auc_now:.6f}, logloss "
-                             f"{logloss_now:.6f}")  # fmt: skip
-            samples = status.committed_samples - before.committed_samples
-            loss = (status.committed_loss_sum - before.committed_loss_sum) / max(samples, 1)
+            seconds = self._train_epoch(ps, stub, watch, epoch, done, per_epoch, plateau.scale)
+            status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
+            loss_sum, samples = status.committed_loss_sum, status.committed_samples
+            before = state.loss_at_end[-1] if state.loss_at_end else (0.0, 0)
+            loss = (loss_sum - before[0]) / max(samples - before[1], 1)
             valid_auc = valid_logloss = float("nan")
             if self.data.valid is not None:
-                valid_auc, valid_logloss = evaluate(job, self.data.valid, ps)
-            value = valid_auc if sched.monitor == "auc" else valid_logloss
-            if self.data.valid is None:  # nothing to monitor: every epoch is the newest best
-                value = float(epoch) if sched.monitor == "auc" else -float(epoch)
-            improved = better(sched.monitor, value, best)
-            record = Epoch(epoch, count, loss, valid_auc, valid_logloss, base_lr * scale,
-                           count * job.global_batch / max(seconds, 1e-9), seconds,
-                           improved)  # fmt: skip
-            self.epochs.append(record)
-            if improved:
-                best, self.best_epoch, since_best, since_decay = value, epoch, 0, 0
-                self._export_best(ps, record)
-            else:
-                since_best += 1
-                since_decay += 1
-                if sched.lr_decay < 1 and since_decay >= sched.lr_patience:
-                    scale *= sched.lr_decay
-                    since_decay = 0
+                valid_auc, valid_logloss = evaluate(self.job, self.data.valid, ps)
+            trained = (per_epoch - done) * self.job.global_batch
+            record = Epoch(epoch, per_epoch, loss, valid_auc, valid_logloss,
+                           self.base_lr * plateau.scale, trained / max(seconds, 1e-9),
+                           seconds, improved=False)  # fmt: skip
+            record.improved = plateau.observe(self._monitored(record))
+            if record.improved:
+                self._export_best(ps, record)  # before the state names it the best
+            state.epochs.append(record)
+            state.loss_at_end.append((loss_sum, samples))
+            state.save(self.out)  # before the next epoch's first batch
             self.walls.append(time.perf_counter() - epoch_began)  # training, flush, validation
             self.metrics.observe(record, self.best_epoch)
             self.say(self._line(record, sched.max_epochs))
-            if since_best >= sched.patience:
-                self.say(f"early stop: {since_best} epochs without a better validation "
-                         f"{sched.monitor} (patience {sched.patience}); best epoch "
-                         f"{self.best_epoch}")  # fmt: skip
-                return
+            epoch, done = epoch + 1, 0
+        if plateau.stopped:
+            self.say(f"early stop: {plateau.since_best} epochs without a better validation "
+                     f"{sched.monitor} (patience {sched.patience}); best epoch "
+                     f"{self.best_epoch}")  # fmt: skip
+
+    @property
+    def base_lr(self) -> float:
+        return self.job.make_optimizer().lr
+
+    def _train_epoch(
+        self,
+        ps: PSClient,
+        stub: scheduler_pb2_grpc.SchedulerStub,
+        watch: _Watch,
+        epoch: int,
+        done: int,
+        per_epoch: int,
+        scale: float,
+    ) -> float:
+        """Feed ``epoch``'s batches from its ``done``-th on, in spans of ``eval_every``
+        (validating after each but the last); the seconds it took (validations excluded)."""
+        every = self.jf.schedule.eval_every or per_epoch
+        first_t = (epoch - 1) * per_epoch  # the epoch's first iteration
+        _, batches = self._epoch_batches(epoch, start_batch=done)
+        seconds = 0.0
+        while done < per_epoch:
+            end = min((done // every + 1) * every, per_epoch)  # the span's end in the epoch
+            span = itertools.islice(batches, end - done)
+            began = time.perf_counter()
+            last_span = end == per_epoch
+            self._feed(stub, span, first_t + done, end - done, scale, watch, last_span)
+            seconds += time.perf_counter() - began
+            done = end
+            if done < per_epoch:
+                self._validate_within(ps, epoch, first_t + done - 1, done)
+        return seconds
+
+    def _validate_within(self, ps: PSClient, epoch: int, iteration: int, done: int) -> None:
+        """The validation after ``done`` batches of ``epoch`` (``eval_every``), unless there
+        is none there or it was taken before a resume."""
+        every = self.jf.schedule.eval_every
+        if not every or done % every or self.data.valid is None:
+            return
+        if any(e["iteration"] == iteration for e in self.evals):
+            return
+        auc_now, logloss_now = evaluate(self.job, self.data.valid, ps)
+        self.evals.append({"epoch": epoch, "iteration": iteration, "valid_auc": auc_now,
+                           "valid_logloss": logloss_now})  # fmt: skip
+        self.state.save(self.out)
+        self.say(f"  iteration {iteration}: valid AUC {auc_now:.6f}, logloss "
+                 f"{logloss_now:.6f}")  # fmt: skip
 
     def _feed(
         self,
         stub: scheduler_pb2_grpc.SchedulerStub,
         batches: Iterable[SparseDataset],
-        count: int,
         start: int,
+        count: int,
         scale: float,
-        scheduler: ManagedProcess,
-        servers: list[ManagedProcess],
-        workers: list[ManagedProcess],
-    ) -> scheduler_pb2.SchedulerStatus:
+        watch: _Watch,
+        epoch_end: bool,
+    ) -> None:
         """Feed ``count`` ``batches`` as iterations ``start``, ... with learning-rate multiplier
-        ``scale``, the last one flushed, and wait for its commit: the PS then holds the exact
-        model. The batches go from a thread while this one watches the processes."""
+        ``scale``, the last one flushed (checkpointed at an epoch's end with
+        ``checkpoint_epochs``), and wait for its commit: the PS then holds the exact model.
+        The batches go from a thread while this one watches the processes."""
         last = start + count - 1
-        feeding = self.feeder.submit(submit_batches, stub, batches, start=start,
-                                     stop=self.stop, lr_scales=[scale] * (last + 1),
-                                     flush={last}, finish=False)  # fmt: skip
+        checkpoint = {last} if epoch_end and self.jf.schedule.checkpoint_epochs else set()
+        errors: list[BaseException] = []
+
+        def feed() -> None:
+            try:
+                submit_batches(stub, batches, start=start, stop=self.stop,
+                               lr_scales=[scale] * (last + 1), flush={last},
+                               checkpoint=checkpoint, finish=False)  # fmt: skip
+            except BaseException as exc:  # reported by the watch
+                errors.append(exc)
+
+        feeding = self.feeder.submit(feed)
         try:
-            status = self._wait_committed(stub, last, scheduler, servers, workers, feeding)
+            watch.until(last, errors)
         except BaseException:
             self.stop.set()  # the feeding thread gives up at its next retry
             raise
         feeding.result()
-        return status
 
-    def _epoch_batches(self, epoch: int) -> tuple[int, Iterator[SparseDataset]]:
-        """How many global batches ``epoch`` has, and the batches: the training rows in the
-        epoch's order (in memory, or through the streaming shuffle), or streamed from the
-        file in its order."""
+    def _epoch_batches(
+        self, epoch: int, start_batch: int = 0
+    ) -> tuple[int, Iterator[SparseDataset]]:
+        """How many global batches ``epoch`` has, and the batches from ``start_batch`` on
+        (a resumed epoch skips those committed before): the training rows in the epoch's
+        order (in memory, or through the streaming shuffle, which shuffles the epoch again
+        and skips), or streamed from the file in its order."""
         job, sched = self.job, self.jf.schedule
         if self.data.train is None:
             assert job.train_rows is not None
             streamed = StreamedBatches(job.data_spec(), job.train_rows, job.global_batch, None)
             if not sched.shuffle:
-                return len(streamed), streamed.iter_from(0)
+                return len(streamed), streamed.iter_from(start_batch)
             rows = ShuffledRows(job.data_spec(), job.train_rows, sched.shuffle_buffer_rows,
                                 sched.seed, epoch, self.workdir)  # fmt: skip
-            return len(streamed), shuffled_batches(rows, job.global_batch)
+            shuffled = shuffled_batches(rows, job.global_batch)
+            return len(streamed), itertools.islice(shuffled, start_batch, None)
         order = epoch_order(self.data.train.rows, sched.seed, epoch, sched.shuffle)
         batches = global_batches(self.data.train.take(order), job.global_batch, None, 1)
-        return len(batches), iter(batches)
+        return len(batches), iter(batches[start_batch:])
 
     def _line(self, e: Epoch, max_epochs: int) -> str:
         mean = sum(self.walls) / len(self.walls)  # whole epochs, validation included
@@ -325,26 +425,6 @@ class Trainer:
                 f"{e.valid_auc:.6f}, logloss {e.valid_logloss:.6f}, lr {e.lr:.3g}, "
                 f"{e.samples_per_second:,.0f} samples/s, {e.seconds:.1f} s, at most "
                 f"{left:.0f} s left{mark}")  # fmt: skip
-
-    def _wait_committed(
-        self,
-        stub: scheduler_pb2_grpc.SchedulerStub,
-        last: int,
-        scheduler: ManagedProcess,
-        servers: list[ManagedProcess],
-        workers: list[ManagedProcess],
-        feeding: Future[bool],
-    ) -> scheduler_pb2.SchedulerStatus:
-        """Poll until ``last`` is committed while ``feeding`` submits the batches; a process
-        that dies, or the feeding's error, fails the run with its log."""
-        while True:
-            status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=30)
-            if status.committed_iteration >= last:
-                return status
-            _raise_if_died(stub, scheduler, servers, workers, self.jf.cluster.mode, 5.0)
-            if feeding.done() and feeding.exception() is not None:
-                feeding.result()
-            time.sleep(0.02)
 
     def _wait_exit(
         self, stub_address: str, servers: list[ManagedProcess], workers: list[ManagedProcess]
@@ -405,7 +485,56 @@ class Trainer:
             "test_logloss": test_logloss,
             "seconds": seconds,
             "traffic": self.traffic,
+            "resumed_from": self.resumed_from,
+            "restarts": [asdict(r) for r in self.restarts],
         }
+
+
+class _TrainAttempt:
+    """One start of the run's cluster (:class:`launcher.local.Resumable`)."""
+
+    def __init__(self, trainer: Trainer, number: int) -> None:
+        self.trainer, self.number = trainer, number
+        self.resumed_at = -1  # the first batch this start feeds
+        self.first_commit: float | None = None  # when an iteration past it was committed
+
+    def committed(self, when: float) -> None:
+        if self.first_commit is None:
+            self.first_commit = when
+
+    def run(self) -> None:
+        self.trainer._attempt(self)
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """The processes of one start, watched while a span of batches trains."""
+
+    scheduler: ManagedProcess
+    servers: list[ManagedProcess]
+    workers: list[ManagedProcess]
+    mode: str
+    attempt: _TrainAttempt
+
+    def until(self, last: int, errors: list[BaseException]) -> None:
+        """Wait for iteration ``last``'s commit; a process that dies, the scheduler's abort
+        or the feeding's error (``errors``) is a ClusterError (with the log)."""
+        _monitor(self.scheduler, self.servers, self.workers, last + 1, self.mode, None, errors,
+                 after=self.attempt.resumed_at - 1, on_first_commit=self.attempt.committed,
+                 until=last)  # fmt: skip
+
+
+def fingerprint(jf: JobFile, job: TrainingJob) -> str:
+    """What a resume must not change (``heraldps.checkpoints.fingerprint``): the job every
+    process runs, the mode and shards, the splits and the schedule's rules. Not
+    ``max_epochs`` nor the checkpoint settings: a rerun may train longer."""
+    schedule = asdict(jf.schedule)
+    for key in ("max_epochs", "checkpoint_every", "checkpoint_epochs", "keep_checkpoints"):
+        schedule.pop(key)
+    return checkpoints.fingerprint(
+        replace(job, epochs=1).to_json(), jf.cluster.mode, str(jf.cluster.shards),
+        json.dumps(asdict(jf.splits), sort_keys=True), json.dumps(schedule, sort_keys=True),
+    )  # fmt: skip
 
 
 def score_spec(predictor: Predictor, spec: DataSpec) -> tuple[float, float]:

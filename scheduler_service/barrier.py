@@ -88,6 +88,8 @@ class Barrier:
         self.loss_samples_committed = 0
         self._samples: dict[int, int] = {}  # samples of each uncommitted batch
         self.samples_committed = 0  # samples of every committed batch (the data position)
+        self.can_checkpoint = False  # the server has a --checkpoint-dir (SubmitBatch.checkpoint)
+        self._checkpoints: set[int] = set()  # iterations the feeder asked a checkpoint of
         self.failure: RunAborted | None = None
         self._since: float | None = None  # when the iteration in progress could start
         self._heard: dict[int, float] = {}  # worker -> when it last spoke (monotonic)
@@ -140,6 +142,11 @@ class Barrier:
             if self.finished:
                 raise FailedPrecondition("training was finished; no more batches are accepted")
             expected = self.scheduler.next_iteration
+            if batch.checkpoint and not self.can_checkpoint:
+                raise FailedPrecondition(
+                    f"batch {batch.iteration} asks for a checkpoint, but this scheduler has no "
+                    "--checkpoint-dir: start it with one, or submit the batch without it"
+                )
             if self.backlog >= self.max_backlog:
                 raise ResourceExhausted(
                     f"{self.backlog} iterations are planned but not committed (max "
@@ -147,6 +154,8 @@ class Barrier:
                 )
             released = self.scheduler.submit(batch)
             self._samples[batch.iteration] = batch.samples
+            if batch.checkpoint:
+                self._checkpoints.add(batch.iteration)
             if batch.data is not None:
                 self._data[batch.iteration] = batch.data
             if expected is None:  # training may resume at any iteration (e.g. after Load)
@@ -275,6 +284,7 @@ class Barrier:
             self.last_loss = loss / count if count else float("nan")
             self.loss_sum_committed += loss
             self.loss_samples_committed += count
+            self._checkpoints.discard(iteration)
             del self._plans[iteration]
             del self._done[iteration]
             self._since = self._committing_since = None
@@ -349,17 +359,33 @@ class Barrier:
                 )
             return None
 
-    def resume_at(self, committed: int, samples_committed: int) -> None:
-        """Start after a checkpoint: ``committed`` is done, its next batch comes first."""
+    def resume_at(
+        self, committed: int, samples_committed: int, loss_sum: float = 0.0, loss_samples: int = 0
+    ) -> None:
+        """Start after a checkpoint: ``committed`` is done, its next batch comes first; the
+        loss summed so far goes on from the checkpoint's (``committed_loss_sum``)."""
         with self._lock:
             self.committed = committed
             self.samples_committed = samples_committed
+            self.loss_sum_committed, self.loss_samples_committed = loss_sum, loss_samples
             self.scheduler.next_iteration = committed + 1
 
     def samples_through(self, iteration: int) -> int:
         """Samples of every batch up to ``iteration`` (committed, or being committed)."""
         with self._lock:
             return self.samples_committed + self._samples.get(iteration, 0)
+
+    def loss_through(self, iteration: int) -> tuple[float, int]:
+        """The loss summed over every sample up to ``iteration`` (committed, or being
+        committed), and those samples: what a checkpoint of ``iteration`` records."""
+        with self._lock:
+            loss, count = self._loss.get(iteration, (0.0, 0))
+            return self.loss_sum_committed + loss, self.loss_samples_committed + count
+
+    def checkpoint_requested(self, iteration: int) -> bool:
+        """Whether the feeder asked for a checkpoint of ``iteration`` (SubmitBatch)."""
+        with self._lock:
+            return iteration in self._checkpoints
 
     def wait_committed(self, iteration: int, timeout: float) -> bool:
         """Block until ``iteration`` is committed; False when ``timeout`` passed first."""

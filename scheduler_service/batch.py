@@ -23,7 +23,8 @@ class Batch:
 
     ``lr_scale`` multiplies every optimizer's learning rate in this iteration (its plans
     and its commit carry it); ``flush``: the PS must hold the exact model once the
-    iteration is committed (every dirty row written back, plans released at once).
+    iteration is committed (every dirty row written back, plans released at once);
+    ``checkpoint``: also snapshot the PS once it is committed (implies ``flush``).
     """
 
     iteration: int
@@ -33,6 +34,7 @@ class Batch:
     data: SparseDataset | None = None
     lr_scale: float = 1.0
     flush: bool = False
+    checkpoint: bool = False
 
     def __post_init__(self) -> None:
         offsets, keys = self.offsets, self.keys
@@ -59,9 +61,11 @@ class Batch:
         num_workers: int,
         lr_scale: float = 1.0,
         flush: bool = False,
+        checkpoint: bool = False,
     ) -> Batch:
         """A batch of whole samples: planned by their keys, handed out with the plans."""
-        return cls(iteration, data.offsets, data.keys, num_workers, data, lr_scale, flush)
+        return cls(iteration, data.offsets, data.keys, num_workers, data, lr_scale,
+                   flush or checkpoint, checkpoint)  # fmt: skip
 
     @classmethod
     def from_arrays(

@@ -79,8 +79,11 @@ class Checkpointer:
         self.last_path: Path | None = None
         self.last_bytes = 0  # its size: what the next one is expected to need
 
-    def due(self, iteration: int) -> bool:
-        return self.config.directory is not None and is_checkpoint(iteration, self.config.every)
+    def due(self, iteration: int, requested: bool = False) -> bool:
+        """Whether ``iteration`` ends a checkpoint: every ``--checkpoint-every``, or the
+        feeder ``requested`` one (SubmitBatchRequest.checkpoint)."""
+        every = is_checkpoint(iteration, self.config.every)
+        return self.config.directory is not None and (requested or every)
 
     def clean_partial(self) -> None:
         """Remove checkpoints a previous run left half-written (no manifest), at start."""
@@ -89,13 +92,20 @@ class Checkpointer:
         for path in checkpoints.remove_partial(Path(self.config.directory)):
             log.warning("removed %s: a checkpoint left incomplete by an earlier run", path)
 
-    def after_commit(self, iteration: int, samples_seen: int) -> Manifest | None:
-        """Snapshot every shard at ``iteration`` (just committed) when it ends a checkpoint;
+    def after_commit(
+        self,
+        iteration: int,
+        samples_seen: int,
+        loss: tuple[float, int] = (0.0, 0),
+        requested: bool = False,
+    ) -> Manifest | None:
+        """Snapshot every shard at ``iteration`` (just committed) when it ends a checkpoint
+        (``due``; ``loss``: the loss summed through it, and its samples);
         then keep the newest ``keep``. A failed snapshot is logged and counted, its partial
         folder removed, and training goes on: the previous checkpoint stays the newest good
         one. When the disk is short of the newest checkpoint's size, older checkpoints are
         removed first (never the newest good one)."""
-        if not self.due(iteration):
+        if not self.due(iteration, requested):
             return None
         assert self.config.directory is not None
         root = Path(self.config.directory)
@@ -112,7 +122,8 @@ class Checkpointer:
             manifest = Manifest(
                 iteration=iteration, num_shards=len(self.ps.addresses), mode=self.mode,
                 workers=self.workers, tables=tables, rows=rows, samples_seen=samples_seen,
-                fingerprint=self.config.fingerprint, seconds=time.perf_counter() - started,
+                loss_sum=loss[0], loss_samples=loss[1], fingerprint=self.config.fingerprint,
+                seconds=time.perf_counter() - started,
             )  # fmt: skip
             checkpoints.publish(target, manifest)
         except (HeraldError, OSError) as exc:

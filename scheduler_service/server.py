@@ -156,6 +156,7 @@ class SchedulerServer(GrpcProcess):
             self.checkpointer = Checkpointer(
                 config.checkpoints, self.ps, config.mode, config.workers, checkpoint_metrics
             )
+            self.barrier.can_checkpoint = config.checkpoints.directory is not None
         self.metrics.aborted.set_function(lambda: float(self.barrier.failure is not None))
         self.shadow = (
             NaiveShadow(config.workers, config.cache_rows)
@@ -214,7 +215,10 @@ class SchedulerServer(GrpcProcess):
         self.barrier.committed_on_ps()  # the snapshot below is not a frozen shard
         log.info("committed iteration %d", iteration)
         if self.checkpointer is not None:  # before the next plans flow: nothing newer on the PS
-            self.checkpointer.after_commit(iteration, self.barrier.samples_through(iteration))
+            b = self.barrier
+            b_loss, requested = b.loss_through(iteration), b.checkpoint_requested(iteration)
+            self.checkpointer.after_commit(iteration, b.samples_through(iteration), b_loss,
+                                           requested)  # fmt: skip
 
     def resume(self) -> None:
         """Load the checkpoint ``--resume-from`` names into the shards and start after it,
@@ -230,7 +234,8 @@ class SchedulerServer(GrpcProcess):
         manifest = self.checkpointer.resume()
         self.checkpointer.clean_partial()
         if manifest is not None:
-            self.barrier.resume_at(manifest.iteration, manifest.samples_seen)
+            self.barrier.resume_at(manifest.iteration, manifest.samples_seen, manifest.loss_sum,
+                                   manifest.loss_samples)  # fmt: skip
             self.metrics.committed.set(manifest.iteration)
 
     def start(self) -> None:

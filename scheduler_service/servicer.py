@@ -135,17 +135,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _batch(self, request: scheduler_pb2.SubmitBatchRequest) -> Batch:
         """Keys only (``offsets``, ``keys``) or whole samples (``batch``), not both."""
         workers = self.barrier.num_workers
-        lr_scale, flush = lr_scale_of(request.lr_scale), request.flush
+        lr_scale, checkpoint = lr_scale_of(request.lr_scale), request.checkpoint
+        flush = request.flush or checkpoint
         if not request.HasField("batch"):
             offsets = wire.decode_keys(request.offsets, "offsets")
             keys = wire.decode_keys(request.keys, "keys")
-            return Batch(request.iteration, offsets, keys, workers, None, lr_scale, flush)
+            return Batch(request.iteration, offsets, keys, workers, None, lr_scale, flush,
+                         checkpoint)  # fmt: skip
         if request.offsets or request.keys:
             raise InvalidArgument(
                 "send the batch either as offsets and keys or as whole samples in `batch`, not both"
             )
         samples = decode_samples(request.batch, "batch")
-        return Batch.of_samples(request.iteration, samples, workers, lr_scale, flush)
+        return Batch.of_samples(request.iteration, samples, workers, lr_scale, flush, checkpoint)
 
     @unary_handler
     def Finish(

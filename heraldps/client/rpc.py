@@ -317,15 +317,21 @@ def reports_errors(method: Callable[Args, Future[Result]]) -> Callable[Args, Fut
 
 
 def stream(
-    call: Callable[[], Iterator[Any]], *, address: str, idempotent: bool, policy: RetryPolicy
+    call: Callable[[], Iterator[Any]],
+    *,
+    address: str,
+    idempotent: bool,
+    policy: RetryPolicy,
+    each: Callable[[Any], Any] | None = None,
 ) -> list[Any]:
     """Every message of a server-streaming call (``call()`` starts it), with the same
     retry rule; a stream is read to its end before anything is returned, so a retry
-    never duplicates messages."""
+    never duplicates messages. ``each`` maps every message as it arrives (the list holds
+    what it returns): a caller keeping a small part of large messages holds only that."""
     attempt = 0
     while True:
         try:
-            return list(call())
+            return [each(m) for m in call()] if each is not None else list(call())
         except grpc.RpcError as err:
             error = error_from_rpc(err, address)
         pause = policy.delay(error, attempt, idempotent)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,32 +53,50 @@ class Snapshots(ShardClient):
 
     def export_incremental(self, since_iteration: int, table: str = "") -> dict[str, ExportedRows]:
         """Rows changed by commits after ``since_iteration`` (-1: every row), per table."""
+        parts: dict[str, list[ExportedRows]] = {}
+        for name, rows in self.export_blocks(since_iteration, table):
+            parts.setdefault(name, []).append(rows)
+        return {name: _concatenate(blocks) for name, blocks in sorted(parts.items())}
+
+    def export_blocks(
+        self,
+        since_iteration: int,
+        table: str = "",
+        keep: Callable[[ExportedRows], ExportedRows] | None = None,
+    ) -> list[tuple[str, ExportedRows]]:
+        """What :meth:`export_incremental` returns, as ``(table, rows)`` per streamed block,
+        each block decoded (and passed through ``keep``) as it arrives: an exporter that keeps
+        only the values of trained rows holds those, never every row's bytes and state."""
         since_iteration = integer(since_iteration, "export: since_iteration")
         if table != "":
             check_name(table)
         request = ps_pb2.ExportIncrementalRequest(since_iteration=since_iteration, table=table)
-        blocks: dict[str, list[ps_pb2.RowBlock]] = {}
+
+        def decoded(block: ps_pb2.RowBlock) -> tuple[str, ExportedRows]:
+            rows = _decode_block(block)
+            return block.table, keep(rows) if keep is not None else rows
+
+        out: list[tuple[str, ExportedRows]] = []
         for stub, address in zip(self._stubs, self.addresses, strict=True):
             call = functools.partial(stub.ExportIncremental, request, timeout=self.timeout)
-            got = rpc.stream(call, address=address, idempotent=True, policy=self._policy)
-            for block in got:
-                blocks.setdefault(block.table, []).append(block)
-        return {name: _merge_blocks(parts) for name, parts in sorted(blocks.items())}
+            out += rpc.stream(call, address=address, idempotent=True, policy=self._policy,
+                              each=decoded)  # fmt: skip
+        return out
 
 
-def _merge_blocks(parts: list[ps_pb2.RowBlock]) -> ExportedRows:
-    dim, sw = parts[0].dim, parts[0].state_width
-    keys = np.concatenate([wire.decode_keys(p.keys) for p in parts])
+def _decode_block(block: ps_pb2.RowBlock) -> ExportedRows:
+    keys = wire.decode_keys(block.keys)
     n = keys.shape[0]
-
-    def floats(field: str, width: int) -> npt.NDArray[np.float32]:
-        data = b"".join(getattr(p, field) for p in parts)
-        return wire.decode_rows(data, n, width, field, check_finite=False)
-
     return ExportedRows(
         keys=keys,
-        values=floats("values", dim),
-        state=floats("state", sw),
-        versions=np.concatenate([wire.decode_keys(p.versions) for p in parts]),
-        changed_iterations=np.concatenate([wire.decode_keys(p.changed_iterations) for p in parts]),
+        values=wire.decode_rows(block.values, n, block.dim, "values", check_finite=False),
+        state=wire.decode_rows(block.state, n, block.state_width, "state", check_finite=False),
+        versions=wire.decode_keys(block.versions),
+        changed_iterations=wire.decode_keys(block.changed_iterations),
     )
+
+
+def _concatenate(blocks: list[ExportedRows]) -> ExportedRows:
+    """One table's blocks as one set of arrays (copies: no block's bytes stay referenced)."""
+    return ExportedRows(*(np.concatenate([getattr(b, f) for b in blocks])
+                          for f in ExportedRows.__dataclass_fields__))  # fmt: skip

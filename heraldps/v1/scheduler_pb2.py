@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from heraldps.v1 import types_pb2 as heraldps_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bheraldps/v1/scheduler.proto\x12\x0bheraldps.v1\x1a\x17heraldps/v1/types.proto\"Y\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x1a\n\x12\x63ollective_address\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"*\n\x12ListWorkersRequest\x12\x14\n\x0cwait_seconds\x18\x01 \x01(\x01\"3\n\x13ListWorkersResponse\x12\x1c\n\x14\x63ollective_addresses\x18\x01 \x03(\t\"^\n\x16RegisterWorkerResponse\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x12\n\ncache_rows\x18\x03 \x01(\x03\x12\r\n\x05table\x18\x04 \x01(\t\"\x9f\x01\n\x12SubmitBatchRequest\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x0f\n\x07offsets\x18\x02 \x01(\x0c\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\r\n\x05table\x18\x04 \x01(\t\x12\'\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32\x18.heraldps.v1.SampleBlock\x12\x10\n\x08lr_scale\x18\x06 \x01(\x01\x12\r\n\x05\x66lush\x18\x07 \x01(\x08\"1\n\x13SubmitBatchResponse\x12\x1a\n\x12released_iteration\x18\x01 \x01(\x03\"\x0f\n\rFinishRequest\"%\n\x0e\x46inishResponse\x12\x13\n\x0b\x66inal_flush\x18\x01 \x01(\x03\"&\n\x11WatchPlansRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\xa8\x02\n\x08\x43ommPlan\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x11\n\tworker_id\x18\x02 \x01(\x05\x12\r\n\x05table\x18\x03 \x01(\t\x12\x0f\n\x07samples\x18\x04 \x01(\x0c\x12\r\n\x05\x65vict\x18\x05 \x01(\x0c\x12\x0c\n\x04pull\x18\x06 \x01(\x0c\x12\x14\n\x0cupdate_local\x18\x07 \x01(\x0c\x12\x12\n\npush_grads\x18\x08 \x01(\x0c\x12\x12\n\nwrite_back\x18\t \x01(\x0c\x12\x13\n\x0b\x66inal_flush\x18\n \x01(\x08\x12,\n\nmini_batch\x18\x0b \x01(\x0b\x32\x18.heraldps.v1.SampleBlock\x12\x12\n\npull_early\x18\x0c \x01(\x0c\x12\x12\n\ncheckpoint\x18\r \x01(\x08\x12\x10\n\x08lr_scale\x18\x0e \x01(\x01\"\xe5\x01\n\x0fTrafficCounters\x12\x13\n\x0bpulled_rows\x18\x01 \x01(\x03\x12\x1c\n\x14pushed_gradient_rows\x18\x02 \x01(\x03\x12\x19\n\x11written_back_rows\x18\x03 \x01(\x03\x12\x12\n\ncache_hits\x18\x04 \x01(\x03\x12\x18\n\x10\x66inal_flush_rows\x18\x05 \x01(\x03\x12\x16\n\x0eversion_checks\x18\x06 \x01(\x03\x12\x14\n\x0csample_bytes\x18\x07 \x01(\x03\x12\x13\n\x0b\x64\x65nse_bytes\x18\x08 \x01(\x03\x12\x13\n\x0b\x65\x61rly_pulls\x18\t \x01(\x03\"\xa5\x01\n\x11ReportDoneRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x11\n\titeration\x18\x02 \x01(\x03\x12.\n\x08\x63ounters\x18\x03 \x01(\x0b\x32\x1c.heraldps.v1.TrafficCounters\x12\x10\n\x08loss_sum\x18\x04 \x01(\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x03\x12\x17\n\x0fwait_for_commit\x18\x06 \x01(\x08\"D\n\x12ReportDoneResponse\x12\x11\n\tcommitted\x18\x01 \x01(\x08\x12\x1b\n\x13\x63ommit_wait_seconds\x18\x02 \x01(\x01\"\x12\n\x10GetStatusRequest\"\x9a\x02\n\x0fSchedulerStatus\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\x12\x1a\n\x12registered_workers\x18\x02 \x03(\x05\x12\x1b\n\x13\x63ommitted_iteration\x18\x03 \x01(\x03\x12\x1c\n\x14next_batch_iteration\x18\x04 \x01(\x03\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x03\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12.\n\x08reported\x18\x07 \x01(\x0b\x32\x1c.heraldps.v1.TrafficCounters\x12\x11\n\tlast_loss\x18\x08 \x01(\x01\x12\x1a\n\x12\x63ommitted_loss_sum\x18\t \x01(\x01\x12\x19\n\x11\x63ommitted_samples\x18\n \x01(\x03\x32\xad\x04\n\tScheduler\x12Y\n\x0eRegisterWorker\x12\".heraldps.v1.RegisterWorkerRequest\x1a#.heraldps.v1.RegisterWorkerResponse\x12P\n\x0bSubmitBatch\x12\x1f.heraldps.v1.SubmitBatchRequest\x1a .heraldps.v1.SubmitBatchResponse\x12\x41\n\x06\x46inish\x12\x1a.heraldps.v1.FinishRequest\x1a\x1b.heraldps.v1.FinishResponse\x12\x45\n\nWatchPlans\x12\x1e.heraldps.v1.WatchPlansRequest\x1a\x15.heraldps.v1.CommPlan0\x01\x12M\n\nReportDone\x12\x1e.heraldps.v1.ReportDoneRequest\x1a\x1f.heraldps.v1.ReportDoneResponse\x12H\n\tGetStatus\x12\x1d.heraldps.v1.GetStatusRequest\x1a\x1c.heraldps.v1.SchedulerStatus\x12P\n\x0bListWorkers\x12\x1f.heraldps.v1.ListWorkersRequest\x1a .heraldps.v1.ListWorkersResponseB\x12\n\x0eio.heraldps.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bheraldps/v1/scheduler.proto\x12\x0bheraldps.v1\x1a\x17heraldps/v1/types.proto\"Y\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x1a\n\x12\x63ollective_address\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"*\n\x12ListWorkersRequest\x12\x14\n\x0cwait_seconds\x18\x01 \x01(\x01\"3\n\x13ListWorkersResponse\x12\x1c\n\x14\x63ollective_addresses\x18\x01 \x03(\t\"^\n\x16RegisterWorkerResponse\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x12\n\ncache_rows\x18\x03 \x01(\x03\x12\r\n\x05table\x18\x04 \x01(\t\"\xb3\x01\n\x12SubmitBatchRequest\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x0f\n\x07offsets\x18\x02 \x01(\x0c\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\r\n\x05table\x18\x04 \x01(\t\x12\'\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32\x18.heraldps.v1.SampleBlock\x12\x10\n\x08lr_scale\x18\x06 \x01(\x01\x12\r\n\x05\x66lush\x18\x07 \x01(\x08\x12\x12\n\ncheckpoint\x18\x08 \x01(\x08\"1\n\x13SubmitBatchResponse\x12\x1a\n\x12released_iteration\x18\x01 \x01(\x03\"\x0f\n\rFinishRequest\"%\n\x0e\x46inishResponse\x12\x13\n\x0b\x66inal_flush\x18\x01 \x01(\x03\"&\n\x11WatchPlansRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\xa8\x02\n\x08\x43ommPlan\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x11\n\tworker_id\x18\x02 \x01(\x05\x12\r\n\x05table\x18\x03 \x01(\t\x12\x0f\n\x07samples\x18\x04 \x01(\x0c\x12\r\n\x05\x65vict\x18\x05 \x01(\x0c\x12\x0c\n\x04pull\x18\x06 \x01(\x0c\x12\x14\n\x0cupdate_local\x18\x07 \x01(\x0c\x12\x12\n\npush_grads\x18\x08 \x01(\x0c\x12\x12\n\nwrite_back\x18\t \x01(\x0c\x12\x13\n\x0b\x66inal_flush\x18\n \x01(\x08\x12,\n\nmini_batch\x18\x0b \x01(\x0b\x32\x18.heraldps.v1.SampleBlock\x12\x12\n\npull_early\x18\x0c \x01(\x0c\x12\x12\n\ncheckpoint\x18\r \x01(\x08\x12\x10\n\x08lr_scale\x18\x0e \x01(\x01\"\xe5\x01\n\x0fTrafficCounters\x12\x13\n\x0bpulled_rows\x18\x01 \x01(\x03\x12\x1c\n\x14pushed_gradient_rows\x18\x02 \x01(\x03\x12\x19\n\x11written_back_rows\x18\x03 \x01(\x03\x12\x12\n\ncache_hits\x18\x04 \x01(\x03\x12\x18\n\x10\x66inal_flush_rows\x18\x05 \x01(\x03\x12\x16\n\x0eversion_checks\x18\x06 \x01(\x03\x12\x14\n\x0csample_bytes\x18\x07 \x01(\x03\x12\x13\n\x0b\x64\x65nse_bytes\x18\x08 \x01(\x03\x12\x13\n\x0b\x65\x61rly_pulls\x18\t \x01(\x03\"\xa5\x01\n\x11ReportDoneRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x11\n\titeration\x18\x02 \x01(\x03\x12.\n\x08\x63ounters\x18\x03 \x01(\x0b\x32\x1c.heraldps.v1.TrafficCounters\x12\x10\n\x08loss_sum\x18\x04 \x01(\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x03\x12\x17\n\x0fwait_for_commit\x18\x06 \x01(\x08\"D\n\x12ReportDoneResponse\x12\x11\n\tcommitted\x18\x01 \x01(\x08\x12\x1b\n\x13\x63ommit_wait_seconds\x18\x02 \x01(\x01\"\x12\n\x10GetStatusRequest\"\x9a\x02\n\x0fSchedulerStatus\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\x12\x1a\n\x12registered_workers\x18\x02 \x03(\x05\x12\x1b\n\x13\x63ommitted_iteration\x18\x03 \x01(\x03\x12\x1c\n\x14next_batch_iteration\x18\x04 \x01(\x03\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x03\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12.\n\x08reported\x18\x07 \x01(\x0b\x32\x1c.heraldps.v1.TrafficCounters\x12\x11\n\tlast_loss\x18\x08 \x01(\x01\x12\x1a\n\x12\x63ommitted_loss_sum\x18\t \x01(\x01\x12\x19\n\x11\x63ommitted_samples\x18\n \x01(\x03\x32\xad\x04\n\tScheduler\x12Y\n\x0eRegisterWorker\x12\".heraldps.v1.RegisterWorkerRequest\x1a#.heraldps.v1.RegisterWorkerResponse\x12P\n\x0bSubmitBatch\x12\x1f.heraldps.v1.SubmitBatchRequest\x1a .heraldps.v1.SubmitBatchResponse\x12\x41\n\x06\x46inish\x12\x1a.heraldps.v1.FinishRequest\x1a\x1b.heraldps.v1.FinishResponse\x12\x45\n\nWatchPlans\x12\x1e.heraldps.v1.WatchPlansRequest\x1a\x15.heraldps.v1.CommPlan0\x01\x12M\n\nReportDone\x12\x1e.heraldps.v1.ReportDoneRequest\x1a\x1f.heraldps.v1.ReportDoneResponse\x12H\n\tGetStatus\x12\x1d.heraldps.v1.GetStatusRequest\x1a\x1c.heraldps.v1.SchedulerStatus\x12P\n\x0bListWorkers\x12\x1f.heraldps.v1.ListWorkersRequest\x1a .heraldps.v1.ListWorkersResponseB\x12\n\x0eio.heraldps.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,27 +42,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERWORKERRESPONSE']._serialized_start=257
   _globals['_REGISTERWORKERRESPONSE']._serialized_end=351
   _globals['_SUBMITBATCHREQUEST']._serialized_start=354
-  _globals['_SUBMITBATCHREQUEST']._serialized_end=513
-  _globals['_SUBMITBATCHRESPONSE']._serialized_start=515
-  _globals['_SUBMITBATCHRESPONSE']._serialized_end=564
-  _globals['_FINISHREQUEST']._serialized_start=566
-  _globals['_FINISHREQUEST']._serialized_end=581
-  _globals['_FINISHRESPONSE']._serialized_start=583
-  _globals['_FINISHRESPONSE']._serialized_end=620
-  _globals['_WATCHPLANSREQUEST']._serialized_start=622
-  _globals['_WATCHPLANSREQUEST']._serialized_end=660
-  _globals['_COMMPLAN']._serialized_start=663
-  _globals['_COMMPLAN']._serialized_end=959
-  _globals['_TRAFFICCOUNTERS']._serialized_start=962
-  _globals['_TRAFFICCOUNTERS']._serialized_end=1191
-  _globals['_REPORTDONEREQUEST']._serialized_start=1194
-  _globals['_REPORTDONEREQUEST']._serialized_end=1359
-  _globals['_REPORTDONERESPONSE']._serialized_start=1361
-  _globals['_REPORTDONERESPONSE']._serialized_end=1429
-  _globals['_GETSTATUSREQUEST']._serialized_start=1431
-  _globals['_GETSTATUSREQUEST']._serialized_end=1449
-  _globals['_SCHEDULERSTATUS']._serialized_start=1452
-  _globals['_SCHEDULERSTATUS']._serialized_end=1734
-  _globals['_SCHEDULER']._serialized_start=1737
-  _globals['_SCHEDULER']._serialized_end=2294
+  _globals['_SUBMITBATCHREQUEST']._serialized_end=533
+  _globals['_SUBMITBATCHRESPONSE']._serialized_start=535
+  _globals['_SUBMITBATCHRESPONSE']._serialized_end=584
+  _globals['_FINISHREQUEST']._serialized_start=586
+  _globals['_FINISHREQUEST']._serialized_end=601
+  _globals['_FINISHRESPONSE']._serialized_start=603
+  _globals['_FINISHRESPONSE']._serialized_end=640
+  _globals['_WATCHPLANSREQUEST']._serialized_start=642
+  _globals['_WATCHPLANSREQUEST']._serialized_end=680
+  _globals['_COMMPLAN']._serialized_start=683
+  _globals['_COMMPLAN']._serialized_end=979
+  _globals['_TRAFFICCOUNTERS']._serialized_start=982
+  _globals['_TRAFFICCOUNTERS']._serialized_end=1211
+  _globals['_REPORTDONEREQUEST']._serialized_start=1214
+  _globals['_REPORTDONEREQUEST']._serialized_end=1379
+  _globals['_REPORTDONERESPONSE']._serialized_start=1381
+  _globals['_REPORTDONERESPONSE']._serialized_end=1449
+  _globals['_GETSTATUSREQUEST']._serialized_start=1451
+  _globals['_GETSTATUSREQUEST']._serialized_end=1469
+  _globals['_SCHEDULERSTATUS']._serialized_start=1472
+  _globals['_SCHEDULERSTATUS']._serialized_end=1754
+  _globals['_SCHEDULER']._serialized_start=1757
+  _globals['_SCHEDULER']._serialized_end=2314
 # @@protoc_insertion_point(module_scope)

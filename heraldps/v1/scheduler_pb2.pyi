@@ -155,6 +155,7 @@ class SubmitBatchRequest(_message.Message):
     BATCH_FIELD_NUMBER: _builtins.int
     LR_SCALE_FIELD_NUMBER: _builtins.int
     FLUSH_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     """Must be the next iteration (0 for the first batch)."""
     offsets: _builtins.bytes
@@ -179,6 +180,12 @@ class SubmitBatchRequest(_message.Message):
     no snapshot is taken), and they are released at once, without waiting for
     the next batch (after the flush no write-back depends on it).
     """
+    checkpoint: _builtins.bool
+    """Take a checkpoint once this iteration is committed, as at the iterations of the
+    scheduler's --checkpoint-every (which needs --checkpoint-dir; FAILED_PRECONDITION
+    without it): the flush above, then a snapshot of every shard. A feeder that knows
+    where its epochs end asks for one there (heraldps train's epoch ends).
+    """
     @_builtins.property
     def batch(self) -> _types_pb2.SampleBlock:
         """The whole samples of the batch (keys, fields, labels, dense features).
@@ -198,10 +205,11 @@ class SubmitBatchRequest(_message.Message):
         batch: _types_pb2.SampleBlock | None = ...,
         lr_scale: _builtins.float = ...,
         flush: _builtins.bool = ...,
+        checkpoint: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "flush", b"flush", "iteration", b"iteration", "keys", b"keys", "lr_scale", b"lr_scale", "offsets", b"offsets", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "checkpoint", b"checkpoint", "flush", b"flush", "iteration", b"iteration", "keys", b"keys", "lr_scale", b"lr_scale", "offsets", b"offsets", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

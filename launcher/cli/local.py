@@ -359,6 +359,9 @@ def job_file_flags(args: argparse.Namespace) -> dict[str, Any]:
         "activation": job.activation, "dropout": job.dropout, "policy": job.policy,
         "device": job.device, "dense_sync": job.dense_sync, "staleness": job.staleness,
         "store": jf.cluster.store, "cache_gb": jf.cluster.cache_gb,
+        "checkpoint_every": jf.schedule.checkpoint_every,
+        "keep_checkpoints": jf.schedule.keep_checkpoints,
+        "max_restarts": jf.cluster.max_restarts,
     }  # fmt: skip
     for dest, value in from_file.items():
         if getattr(args, dest) == defaults[dest]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from heraldps.modes import ALL_MODES
@@ -20,6 +21,10 @@ OVERRIDES = {
     "shuffle_buffer_rows": "schedule.shuffle_buffer_rows",
     "lr": "optimizer.lr",
     "out": "output.dir",
+    "checkpoint_every": "schedule.checkpoint_every",
+    "checkpoint_epochs": "schedule.checkpoint_epochs",
+    "keep_checkpoints": "schedule.keep_checkpoints",
+    "max_restarts": "cluster.max_restarts",
 }
 
 
@@ -49,6 +54,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--lr", type=positive, default=None, help="overrides optimizer.lr")
     p.add_argument(
+        "--checkpoint-every",
+        type=at_least(0),
+        default=None,
+        help="a checkpoint (OUT/checkpoints) every N iterations, 0: off "
+        "(schedule.checkpoint_every)",
+    )
+    p.add_argument(
+        "--no-checkpoint-epochs",
+        dest="checkpoint_epochs",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no checkpoint at each epoch's end (schedule.checkpoint_epochs: false; they are "
+        "on by default)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=at_least(1),
+        default=None,
+        help="keep the newest N checkpoints (schedule.keep_checkpoints; default 2)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=at_least(0),
+        default=None,
+        help="when a process dies, restart the cluster from the newest checkpoint and go on, "
+        "at most N times (cluster.max_restarts; default 0: the run fails with the log)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=port_number,
         default=None,
@@ -64,20 +98,22 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
+    from dataclasses import replace
 
     from heraldps import job_file
     from heraldps.errors import InvalidArgument
     from heraldps.ports import serve_metrics
     from launcher.lifeline import stop_on_signals
-    from launcher.train import Trainer, TrainMetrics, read_data, shuffle_setting
+    from launcher.train import Trainer, TrainMetrics, fingerprint, read_data, shuffle_setting
+    from launcher.train_state import TrainState
 
     jf = job_file.load(args.job, overrides_of(args))
     if jf.output is None:
         raise InvalidArgument("give --out DIR or output.dir in the job file")
     out = Path(jf.output)
-    if (out / "report.json").exists() or (out / "best").exists():
-        raise InvalidArgument(f"--out {out} holds an earlier run (report.json or best/); "
+    earlier = TrainState.load(out)
+    if (out / "report.json").exists() or ((out / "best").exists() and earlier is None):
+        raise InvalidArgument(f"--out {out} holds a finished run (report.json or best/); "
                               "give a new directory or remove it")  # fmt: skip
     from worker_client.device import array_module
 
@@ -102,6 +138,18 @@ def run(args: argparse.Namespace) -> int:
         f"{shuffle_setting(jf.schedule, job.train_rows or 0)}; out {out}",
         flush=True,
     )
+    if earlier is not None:
+        this = fingerprint(jf, replace(job, cache_rows=cache_rows, iterations=None))
+        if earlier.fingerprint != this:
+            raise InvalidArgument(
+                f"--out {out} holds the checkpoints of another job (fingerprint "
+                f"{earlier.fingerprint}; this job's is {this}: its data, model, optimizer, "
+                "batch, mode, shards, splits or schedule differ): rerun that job to resume "
+                "it, or give a new directory"
+            )
+        print(f"resuming: {out} holds this job's unfinished run ({len(earlier.epochs)} "
+              "epochs recorded); training goes on from its newest checkpoint",
+              flush=True)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     metrics = TrainMetrics()
     if args.metrics_port is not None:
@@ -109,13 +157,21 @@ def run(args: argparse.Namespace) -> int:
                                "heraldps train")  # fmt: skip
         print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
     with stop_on_signals():
-        trainer = Trainer(jf, data, out, cache_rows,
-                          say=lambda line: print(line, flush=True), metrics=metrics)  # fmt: skip
+        trainer = Trainer(jf, data, out, cache_rows, say=lambda line: print(line, flush=True),
+                          metrics=metrics, resume=earlier)  # fmt: skip
         report = trainer.run()
-    print(f"best epoch {report['best_epoch']}: test AUC {report['test_auc']:.6f}, logloss "
-          f"{report['test_logloss']:.6f} (scored from {out / 'best'}); report "
-          f"{out / 'report.json'}, curves {out / 'curves.png'}")  # fmt: skip
+    print(f"{final_line(report, out)}; report {out / 'report.json'}, curves "
+          f"{out / 'curves.png'}")  # fmt: skip
     return 0
+
+
+def final_line(report: dict[str, Any], out: Path) -> str:
+    """The run's outcome: the best epoch and its test scores, or why there are none."""
+    best = f"best epoch {report['best_epoch']}"
+    if report["test_auc"] == report["test_auc"]:  # not NaN: a test split was scored
+        return (f"{best}: test AUC {report['test_auc']:.6f}, logloss "
+                f"{report['test_logloss']:.6f} (scored from {out / 'best'})")  # fmt: skip
+    return f"{best} ({out / 'best'}); no test split in the job (data.test or test_fraction)"
 
 
 COMMAND = Command(
@@ -125,7 +181,10 @@ COMMAND = Command(
     "scheduler, workers) in one mode, and train epoch by epoch: shuffle, feed, flush, "
     "evaluate the validation split, keep the best model (OUT/best), decay the learning rate "
     "on a plateau, stop early; then score the test split with the best model and write "
-    "OUT/report.json and OUT/curves.png. Flags override the job file.",
+    "OUT/report.json and OUT/curves.png. Flags override the job file. With checkpoints "
+    "(every epoch's end by default, --checkpoint-every N) a process that dies is restarted "
+    "from the newest one (--max-restarts), and the same command run again after the "
+    "launcher itself died resumes OUT's unfinished run.",
     add_arguments=add_arguments,
     run=run,
     failure_code=1,

@@ -172,3 +172,26 @@ def test_a_resumed_naive_run_is_bitwise_the_uninterrupted_one(tmp_path: Path) ->
     assert [r.resumed_at for r in resumed.restarts] in ([10], [15]), resumed.restarts
     for name, values in plain.model.items():
         assert np.array_equal(resumed.model[name], values), name
+
+
+def test_a_batch_norm_model_resumes_with_its_running_statistics(tmp_path: Path) -> None:
+    """Batch normalization's running mean and variance live in the dense vector: the
+    checkpoint must hold the all-reduced replica's values, so a run whose worker is killed
+    and resumed from it ends where uninterrupted single-process training does, the running
+    statistics (and dropout, by the sample's global index) included."""
+    job = replace(small_job("adam"), workers=2, batch_size_per_worker=64, iterations=12,
+                  hidden=(12, 8), batch_norm=True, dropout=0.2, dense_sync="allreduce")  # fmt: skip
+    train = job.read()
+    killer = Killer(tmp_path, [("worker-1", 6)])
+    result = run_mode(job, "herald", 1, train, None, tmp_path, keep_model=True,
+                      recovery=Recovery(checkpoint_every=4, max_restarts=1))  # fmt: skip
+    killer.thread.join(timeout=5)
+    [restart] = result.restarts
+    assert restart.process == "worker-1" and restart.resumed_at in (4, 8), result.restarts
+    reference = ReferenceTrainer(job)
+    reference.train(train)
+    model = job.model()
+    running = model.running_index
+    dense = reference.dense_param.from_rows(reference.dense_rows)
+    assert not np.allclose(dense[running], model.init_dense()[running])  # they moved
+    assert_matches_reference(result.model, reference, "batch norm resumed", dense_state=False)

@@ -25,7 +25,7 @@ from heraldps.client import PSClient
 from heraldps.job_file import training_job
 from heraldps.model_export import read_model
 from launcher.export import export_from_ps
-from launcher.train import better
+from launcher.train_state import better
 from tests.processes import deployed_cluster, heraldps, start, stop_all
 
 TRAIN, TEST = bundled_data()

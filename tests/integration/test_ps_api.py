@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -90,6 +91,12 @@ def test_large_requests_are_chunked(cluster: ClusterFactory) -> None:
     order = np.argsort(exported.keys)
     assert np.array_equal(exported.keys[order], np.arange(40_000))
     assert np.array_equal(exported.values[order], after[np.argsort(keys)])
+    # Block by block, keeping part of each (what an exporter of a large table holds).
+    blocks = ps.export_blocks(-1, "big", keep=lambda r: replace(r, state=r.state[:0]))
+    assert len(blocks) > 2 and {name for name, _ in blocks} == {"big"}
+    kept = np.concatenate([r.keys for _, r in blocks])
+    assert np.array_equal(np.sort(kept), np.arange(40_000))
+    assert all(r.state.shape[0] == 0 for _, r in blocks)
 
 
 def test_oversized_message_is_resource_exhausted(cluster: ClusterFactory) -> None:

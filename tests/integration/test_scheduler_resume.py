@@ -5,6 +5,7 @@ complete checkpoint and expects the batch after it."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Container
 from pathlib import Path
 
 import grpc
@@ -31,8 +32,11 @@ def _server(addresses: list[str], checkpoint: CheckpointConfig) -> SchedulerServ
     return SchedulerServer(config)
 
 
-def _train(server: SchedulerServer, batches: list, finish: bool) -> dict[int, list[bool]]:
-    """Workers that report every plan (no PS traffic); the checkpoint flag of each plan."""
+def _train(
+    server: SchedulerServer, batches: list, finish: bool, checkpoint_at: Container[int] = ()
+) -> dict[int, list[bool]]:
+    """Workers that report every plan (no PS traffic, a loss of 0.25 a worker); the
+    checkpoint flag of each plan. The feeder asks for a checkpoint at ``checkpoint_at``."""
     flags: dict[int, list[bool]] = {w: [] for w in range(WORKERS)}
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -41,7 +45,8 @@ def _train(server: SchedulerServer, batches: list, finish: bool) -> dict[int, li
             stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=w))
             for plan in stub.WatchPlans(scheduler_pb2.WatchPlansRequest(worker_id=w)):
                 flags[w].append(plan.checkpoint)
-                done = scheduler_pb2.ReportDoneRequest(worker_id=w, iteration=plan.iteration)
+                done = scheduler_pb2.ReportDoneRequest(worker_id=w, iteration=plan.iteration,
+                                                       loss_sum=0.25, samples=1)  # fmt: skip
                 stub.ReportDone(done)
                 if not finish and plan.iteration == batches[-2].iteration:
                     return
@@ -50,7 +55,7 @@ def _train(server: SchedulerServer, batches: list, finish: bool) -> dict[int, li
         for t in threads:
             t.start()
         for batch in batches:
-            submit(stub, batch)
+            submit(stub, batch, checkpoint=batch.iteration in checkpoint_at)
         if finish:
             stub.Finish(scheduler_pb2.FinishRequest())
         for t in threads:
@@ -75,6 +80,53 @@ def _checkpointed_run(
     finally:
         first.stop(grace=0)
     return ps, root, first
+
+
+def test_a_feeder_asks_for_a_checkpoint_and_a_resume_goes_on_with_its_loss_sum(
+    cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    """SubmitBatchRequest.checkpoint (heraldps train's epoch ends): a flush and a snapshot of
+    that iteration, without --checkpoint-every; the manifest carries the loss summed so far,
+    and a resumed scheduler's committed_loss_sum goes on from it."""
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
+    root = tmp_path / "ckpt"
+    first = _server(ps.addresses, CheckpointConfig(directory=str(root), keep=3))
+    first.start()
+    try:
+        flags = _train(first, make_batches(5), finish=True, checkpoint_at={1, 3})
+    finally:
+        first.stop(grace=0)
+    assert flags[0] == [False, True, False, True, False]
+    found = checkpoints.complete(root)
+    assert [m.iteration for _, m in found] == [1, 3]
+    assert [(m.loss_sum, m.loss_samples) for _, m in found] == [
+        (0.25 * WORKERS * 2, WORKERS * 2),
+        (0.25 * WORKERS * 4, WORKERS * 4),
+    ]
+    second = _server(ps.addresses, CheckpointConfig(directory=str(root), resume_from=str(root)))
+    second.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{second.port}") as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            status = stub.GetStatus(scheduler_pb2.GetStatusRequest())
+        assert status.next_batch_iteration == 4
+        assert (status.committed_loss_sum, status.committed_samples) == (0.25 * WORKERS * 4,
+                                                                         WORKERS * 4)  # fmt: skip
+    finally:
+        second.stop(grace=0)
+    # Without --checkpoint-dir the request is refused, not silently dropped.
+    third = _server(ps.addresses, CheckpointConfig())
+    third.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{third.port}") as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                submit(stub, make_batches(1)[0], checkpoint=True)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "--checkpoint-dir" in str(err.value.details())
+    finally:
+        third.stop(grace=0)
 
 
 def test_checkpoints_are_written_and_a_restarted_scheduler_resumes_after_the_newest(

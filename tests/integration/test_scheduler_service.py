@@ -75,10 +75,10 @@ def scheduler(cluster: ClusterFactory) -> Iterator[tuple[SchedulerServer, grpc.C
         yield started
 
 
-def submit(stub: scheduler_pb2_grpc.SchedulerStub, batch: Batch) -> None:
+def submit(stub: scheduler_pb2_grpc.SchedulerStub, batch: Batch, checkpoint: bool = False) -> None:
     request = scheduler_pb2.SubmitBatchRequest(
         iteration=batch.iteration, offsets=wire.encode_keys(batch.offsets),
-        keys=wire.encode_keys(batch.keys), table="emb",
+        keys=wire.encode_keys(batch.keys), table="emb", checkpoint=checkpoint,
     )  # fmt: skip
     while True:
         try:

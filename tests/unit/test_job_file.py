@@ -133,3 +133,26 @@ def test_fractions_hold_out_the_last_rows_for_train_and_feed_alike(tmp_path: Pat
     path.write_text(yaml.safe_dump({**SMALL, "data": {**SMALL["data"], "test_fraction": 0.05}}))
     assert _load_job(str(path))[0].max_rows == split.train  # what heraldps feed trains
     assert job_file.row_split(job_file.from_dict({**SMALL, "data": {"train": "x"}})) is None
+
+
+def test_checkpoint_keys_reach_train_and_local(tmp_path: Path) -> None:
+    """``schedule.checkpoint_every``, ``keep_checkpoints``, ``checkpoint_epochs`` and
+    ``cluster.max_restarts``: read by ``heraldps train``, and by ``heraldps local --job``."""
+    from launcher.cli import local as local_cli
+
+    raw = {**SMALL, "schedule": {**SMALL["schedule"], "checkpoint_every": 4,
+                                 "keep_checkpoints": 3, "checkpoint_epochs": False},
+           "cluster": {**SMALL["cluster"], "max_restarts": 2}}  # fmt: skip
+    jf = job_file.from_dict(raw)
+    assert (jf.schedule.checkpoint_every, jf.schedule.keep_checkpoints) == (4, 3)
+    assert not jf.schedule.checkpoint_epochs and jf.cluster.max_restarts == 2
+    assert job_file.from_dict(SMALL).schedule.checkpoints  # epoch ends, by default
+    with pytest.raises(InvalidArgument, match="max_restarts"):
+        job_file.from_dict({**SMALL, "cluster": {"max_restarts": -1}})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    parser = argparse.ArgumentParser()
+    local_cli.add_arguments(parser)
+    args = parser.parse_args(["--job", str(path), "--max-restarts", "1"])
+    local_cli.job_file_flags(args)
+    assert (args.checkpoint_every, args.keep_checkpoints, args.max_restarts) == (4, 3, 1)

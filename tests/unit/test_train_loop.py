@@ -3,10 +3,14 @@ rule, the per-epoch order of the rows, the Prometheus gauges."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from prometheus_client import generate_latest
 
-from launcher.train import Epoch, TrainMetrics, better, epoch_order
+from launcher.cli.train import final_line
+from launcher.train import TrainMetrics, epoch_order
+from launcher.train_state import Epoch, better
 
 
 def test_better_follows_the_monitored_metric_and_never_takes_nan() -> None:
@@ -31,3 +35,11 @@ def test_the_gauges_show_the_last_epoch() -> None:
                  "heraldps_train_lr 0.0001", "heraldps_train_samples_per_second 1234.0",
                  "heraldps_train_best_epoch 2.0", "heraldps_train_loss 0.45"):  # fmt: skip
         assert line in text, line
+
+
+def test_the_last_line_names_the_test_scores_or_why_there_are_none(tmp_path: Path) -> None:
+    scored = {"best_epoch": 3, "test_auc": 0.98125, "test_logloss": 0.2}
+    assert "test AUC 0.981250" in final_line(scored, tmp_path)
+    unscored = {"best_epoch": 3, "test_auc": float("nan"), "test_logloss": float("nan")}
+    line = final_line(unscored, tmp_path)
+    assert "nan" not in line and "no test split" in line
