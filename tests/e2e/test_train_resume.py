@@ -92,3 +92,22 @@ def test_a_killed_worker_and_a_killed_launcher_resume_to_the_uninterrupted_run(
     # one commit later than it looked).
     assert again["resumed_from"] in (18, 21), again["resumed_from"]
     _same_run(again, plain, out, tmp_path / "plain")
+
+
+def test_a_streaming_shuffled_run_resumes_mid_epoch_to_the_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    """``shuffle_buffer_rows: 300`` (4 buckets): a worker killed in epoch 2 and the cluster
+    restarted from a mid-epoch checkpoint; the resumed epoch scatters again, skips the
+    committed batches and ends with the uninterrupted run's report and model."""
+    job = _job(tmp_path, schedule={"eval_every": 4, "checkpoint_every": 3,
+                                   "shuffle_buffer_rows": 300},
+               cluster={"mode": "naive"})  # fmt: skip
+    plain = _train(job, tmp_path / "plain")
+    (tmp_path / "killed" / "cluster").mkdir(parents=True)
+    killer = Killer(tmp_path / "killed" / "cluster", [("worker-1", 10)])
+    killed = _train(job, tmp_path / "killed", "--max-restarts", "1")
+    killer.thread.join(timeout=5)
+    assert [k[0] for k in killer.killed] == ["worker-1"]
+    assert [r["resumed_at"] % 8 for r in killed["restarts"]] in ([1], [4])  # mid-epoch 2
+    _same_run(killed, plain, tmp_path / "killed", tmp_path / "plain")
