@@ -262,7 +262,12 @@ def main() -> int:
         default=20_000,
         help="held-out rows after the training rows (default 20,000)",
     )
+    parser.add_argument("--replot", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="run nothing: draw the crossover plot of these results together "
+                        "(next to --output)")  # fmt: skip
     args = parser.parse_args()
+    if args.replot:
+        return replot(args.replot, args.output or RESULTS / "bench_network.json")
     embeddings = args.shape == "embeddings"
     args.dims = [int(d) for d in args.dims.split(",")]
     args.hidden = hidden_widths(args.hidden)
@@ -289,6 +294,16 @@ def main() -> int:
     crossover = output.with_name(output.stem + "_crossover.png")
     plot_crossover(rows, crossover)
     print(f"wrote {output}, {output.with_suffix('.png')} and {crossover}")
+    return 0
+
+
+def replot(paths: list[Path], output: Path) -> int:
+    """The crossover plot of several runs' results together, each row tagged with its file."""
+    rows = [{**r, "run": path.name} for path in paths
+            for r in json.loads(path.read_text())["results"]]  # fmt: skip
+    crossover = output.with_name(output.stem + "_crossover.png")
+    plot_crossover(rows, crossover)
+    print(f"wrote {crossover}")
     return 0
 
 
@@ -420,12 +435,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def crossover_points(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
     """Per variant other than naive (all-reduce variants only, at every rate): its whole-run
     speed-up over naive against naive's embedding share of the bytes in the same (data, rate),
-    sorted by share. Naive's share, because it is the traffic Herald has to work with."""
-    naive = {(r["data"], r["link_mbit"]): r for r in rows if r["variant"] == "naive"}
+    sorted by share. Naive's share, because it is the traffic Herald has to work with. Rows
+    of several runs (``--replot``) carry ``run``: each is paired with its own run's naive."""
+    naive = {(r.get("run"), r["data"], r["link_mbit"]): r for r in rows if r["variant"] == "naive"}
     dense_at_ps = {v.name for v in VARIANTS if v.dense_sync == "ps"}
     points: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
-        base = naive.get((r["data"], r["link_mbit"]))
+        base = naive.get((r.get("run"), r["data"], r["link_mbit"]))
         if r["variant"] == "naive" or r["variant"] in dense_at_ps or base is None:
             continue
         label = f"{r['variant']} @ {r['link_mbit']:g} Mbit/s"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,15 @@ def test_plot_crossover_writes_a_png(tmp_path: Path) -> None:
 
 def test_hidden_widths() -> None:
     assert bn.hidden_widths("64,32/1024,512/") == [(64, 32), (1024, 512), ()]
+
+
+def test_replot_pairs_each_run_with_its_own_naive(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"results": ROWS[:2]}))
+    again = [row("dim 64", 100.0, "naive", 1.0, 0.5), row("dim 64", 100.0, "herald", 2.0, 0.4)]
+    second.write_text(json.dumps({"results": again}))
+    tagged = [{**r, "run": "a.json"} for r in ROWS[:2]] + [{**r, "run": "b.json"} for r in again]
+    assert bn.crossover_points(tagged) == {"herald @ 100 Mbit/s": [(0.5, 2.0), (0.9, 1.4)]}
+    pytest.importorskip("matplotlib")
+    assert bn.replot([first, second], tmp_path / "out.json") == 0
+    assert (tmp_path / "out_crossover.png").read_bytes()[:4] == b"\x89PNG"
