@@ -39,6 +39,7 @@ def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list
     return plans + scheduler.finish()
 
 
+@pytest.mark.parametrize("early_write_back", [0, 3])
 @pytest.mark.parametrize("mode", list(MODES))
 @settings(max_examples=30, deadline=None)
 @given(
@@ -50,13 +51,20 @@ def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list
     spare=st.integers(0, 30),
 )
 def test_fast_scheduler_equals_reference(
-    mode: str, seed: int, workers: int, per_worker: int, fields: int, vocab: int, spare: int
+    mode: str,
+    early_write_back: int,
+    seed: int,
+    workers: int,
+    per_worker: int,
+    fields: int,
+    vocab: int,
+    spare: int,
 ) -> None:
     capacity = per_worker * fields + spare  # never below a mini-batch's working set
     batches = random_batches(seed, 8, workers, per_worker, fields, vocab)
     fast, ref = (
-        Scheduler(workers, capacity, mode),
-        ReferenceScheduler.for_mode(workers, capacity, mode),
+        Scheduler(workers, capacity, mode, early_write_back=early_write_back),
+        ReferenceScheduler.for_mode(workers, capacity, mode, early_write_back),
     )
     fast_plans, ref_plans = run(fast, batches), run(ref, batches)
     assert len(fast_plans) == len(ref_plans) == 8 * workers
@@ -65,12 +73,13 @@ def test_fast_scheduler_equals_reference(
     assert fast.counts == ref.counts
 
 
+@pytest.mark.parametrize("early_write_back", [0, 4])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_plan_invariants(mode: str) -> None:
+def test_plan_invariants(mode: str, early_write_back: int) -> None:
     """Replay plans on simple per-worker caches: every rule of the counting model holds."""
     workers, per_worker, capacity = 4, 8, 40
     batches = random_batches(7, 30, workers, per_worker, 5, 120)
-    scheduler = Scheduler(workers, capacity, mode)
+    scheduler = Scheduler(workers, capacity, mode, early_write_back=early_write_back)
     plans = run(scheduler, batches)
     caches: list[dict[int, tuple[int, bool]]] = [
         {} for _ in range(workers)
