@@ -556,11 +556,18 @@ class SampleScheduler:
 
 
 def make_scheduler(
-    num_workers: int, capacity: int, mode: str, checkpoint_every: int = 0, expected_keys: int = 0
+    num_workers: int,
+    capacity: int,
+    mode: str,
+    checkpoint_every: int = 0,
+    expected_keys: int = 0,
+    early_write_back: int = 0,
 ) -> Scheduler | SampleScheduler:
     """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``.
 
-    ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front."""
+    ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front;
+    ``early_write_back``: rows per worker and iteration written back early (0: none)."""
     if mode_named(mode).het:
         return SampleScheduler(num_workers, capacity, checkpoint_every)
-    return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys)
+    return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys,
+                     early_write_back)  # fmt: skip
