@@ -348,3 +348,26 @@ def test_the_mirror_forgets_keys_no_cache_holds(mode: str) -> None:
     held = {k for w in range(workers) for k in m.cached_keys(w).tolist()}
     assert held <= {k for k in m.key_of[: m.index.rows].tolist()}
     assert len(m.index) == len(held)
+
+
+@pytest.mark.parametrize("mode", ["on_demand", "herald", "herald_pipelined"])
+def test_early_write_backs_shrink_the_final_flush(mode: str) -> None:
+    """Dirty rows pile up in large caches; written back early, the final flush holds what
+    the last batches dirtied (at most a fifth here), pulls do not change, and a bound per
+    worker and iteration spreads the rest over the run."""
+    rng = np.random.default_rng(3)
+    workers, per_worker, fields, capacity = 4, 16, 3, 5000
+    samples = workers * per_worker
+    offsets = np.arange(samples + 1) * fields
+    batches = [Batch.from_arrays(t, offsets, rng.integers(0, 10_000, samples * fields), workers)
+               for t in range(60)]  # fmt: skip
+    counts = {}
+    for rows in (0, 16, 1_000_000):
+        scheduler = Scheduler(workers, capacity, mode, early_write_back=rows)
+        run(scheduler, batches)
+        counts[rows] = scheduler.counts
+    off, bounded, unbounded = counts[0], counts[16], counts[1_000_000]
+    assert unbounded.final_flush <= 0.2 * off.final_flush
+    assert unbounded.final_flush < bounded.final_flush < off.final_flush
+    assert off.pulls == bounded.pulls == unbounded.pulls
+    assert bounded.write_backs - off.write_backs <= 16 * workers * len(batches)
