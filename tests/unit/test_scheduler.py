@@ -32,6 +32,17 @@ def random_batches(
     return out
 
 
+def uniform_batches(
+    seed: int, iterations: int, workers: int, per_worker: int, fields: int, vocab: int
+) -> list[Batch]:
+    """Batches of ``fields`` keys a sample, drawn uniformly from ``vocab``."""
+    rng = np.random.default_rng(seed)
+    samples = workers * per_worker
+    offsets = np.arange(samples + 1) * fields
+    return [Batch.from_arrays(t, offsets, rng.integers(0, vocab, samples * fields), workers)
+            for t in range(iterations)]  # fmt: skip
+
+
 def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list[CommPlan]:
     plans = []
     for batch in batches:
@@ -328,12 +339,9 @@ def test_expected_keys_sizes_the_mirror_up_front() -> None:
 def test_the_mirror_forgets_keys_no_cache_holds(mode: str) -> None:
     """A vocabulary far larger than the caches: the mirror keeps only keys some cache
     holds (plus the batch's), reusing forgotten kids, and still plans as the reference."""
-    rng = np.random.default_rng(21)
     workers, per_worker, fields, capacity = 4, 8, 6, 60
     samples = workers * per_worker
-    offsets = np.arange(samples + 1) * fields
-    batches = [Batch.from_arrays(t, offsets, rng.integers(0, 20_000, samples * fields), workers)
-               for t in range(60)]  # fmt: skip
+    batches = uniform_batches(21, 60, workers, per_worker, fields, 20_000)
     fast, ref = (
         Scheduler(workers, capacity, mode),
         ReferenceScheduler.for_mode(workers, capacity, mode),
@@ -355,12 +363,8 @@ def test_early_write_backs_shrink_the_final_flush(mode: str) -> None:
     """Dirty rows pile up in large caches; written back early, the final flush holds what
     the last batches dirtied (at most a fifth here), pulls do not change, and a bound per
     worker and iteration spreads the rest over the run."""
-    rng = np.random.default_rng(3)
-    workers, per_worker, fields, capacity = 4, 16, 3, 5000
-    samples = workers * per_worker
-    offsets = np.arange(samples + 1) * fields
-    batches = [Batch.from_arrays(t, offsets, rng.integers(0, 10_000, samples * fields), workers)
-               for t in range(60)]  # fmt: skip
+    workers, capacity = 4, 5000
+    batches = uniform_batches(3, 60, workers, 16, 3, 10_000)
     counts = {}
     for rows in (0, 16, 1_000_000):
         scheduler = Scheduler(workers, capacity, mode, early_write_back=rows)
