@@ -65,6 +65,9 @@ class TrainingJob:
     iterations: int | None = None
     epochs: int = 1
     cache_rows: int = 1
+    # Rows per worker and iteration the scheduler writes back before anyone needs them
+    # (on-demand modes; docs/scheduler.md#early-write-backs). 0: off.
+    early_write_back: int = 0
     optimizer: str = "adagrad"
     lr: float | None = None
     # L2 on the embedding rows a step updates and on the dense parameters (weight decay):

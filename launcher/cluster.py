@@ -186,6 +186,7 @@ def scheduler_process(
     extra: tuple[str, ...] = (),
     worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
     expected_keys: int = 0,
+    early_write_back: int = 0,
 ) -> ManagedProcess:
     """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links);
     ``extra``: more ``heraldps scheduler`` flags (checkpoints, resume); ``worker_timeout``:
@@ -194,7 +195,8 @@ def scheduler_process(
             "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
             "--ps", ",".join(ps), "--grace-seconds", "5",
             "--threads", str(2 * workers + 8), "--worker-timeout", str(worker_timeout),
-            "--expected-keys", str(expected_keys)]  # fmt: skip
+            "--expected-keys", str(expected_keys),
+            "--early-write-back", str(early_write_back)]  # fmt: skip
     if compress_plans:
         args.append("--compress-plans")
     args += extra

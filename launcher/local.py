@@ -451,7 +451,8 @@ class _Attempt:
                                           compress_plans=network is not None,
                                           extra=self._scheduler_flags(),
                                           worker_timeout=self.recovery.worker_timeout,
-                                          expected_keys=job.distinct_keys or 0)  # fmt: skip
+                                          expected_keys=job.distinct_keys or 0,
+                                          early_write_back=job.early_write_back)  # fmt: skip
             processes.append(scheduler)
             start_servers([scheduler])
             start = self.resumed_at = _next_batch(scheduler.address)

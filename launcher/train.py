@@ -199,6 +199,7 @@ class Trainer:
         keys = job.distinct_keys or 0
         scheduler = scheduler_process(job.workers, job.cache_rows, cluster.mode, addresses,
                                       self.workdir, expected_keys=keys,
+                                      early_write_back=job.early_write_back,
                                       extra=self._scheduler_flags(resume))  # fmt: skip
         self.processes.append(scheduler)
         start_servers([scheduler])

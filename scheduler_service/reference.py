@@ -32,9 +32,18 @@ class ReferenceScheduler:
     """``partition``: "sequential" | "location_aware"; ``sync``: "naive" | "on_demand"."""
 
     def __init__(
-        self, num_workers: int, capacity: int, partition: str, sync: str, early: bool = False
+        self,
+        num_workers: int,
+        capacity: int,
+        partition: str,
+        sync: str,
+        early: bool = False,
+        early_write_back: int = 0,
     ) -> None:
         self.num_workers = num_workers
+        # Rows per worker written back early (dirty, unused in the next batch, not
+        # updated in their own iteration), lowest keys first.
+        self.early_write_back = early_write_back if sync == "on_demand" else 0
         # Mark early pulls: keys of the last released iteration's pushes and write-backs
         # (None before the first release, when nothing is marked).
         self.early = early
@@ -51,10 +60,13 @@ class ReferenceScheduler:
         self.counts = Traffic()
 
     @classmethod
-    def for_mode(cls, num_workers: int, capacity: int, mode: str) -> ReferenceScheduler:
+    def for_mode(
+        cls, num_workers: int, capacity: int, mode: str, early_write_back: int = 0
+    ) -> ReferenceScheduler:
         fields = mode_named(mode)
         sync = "on_demand" if fields.on_demand_sync else "naive"
-        return cls(num_workers, capacity, fields.partitioner, sync, early=fields.early_pulls)
+        return cls(num_workers, capacity, fields.partitioner, sync, early=fields.early_pulls,
+                   early_write_back=early_write_back)  # fmt: skip
 
     def valid(self, worker: int, key: int) -> bool:
         row = self.caches[worker].get(key)
@@ -155,6 +167,18 @@ class ReferenceScheduler:
                 cache[k] = CachedRow(self.latest.get(k, 0), False)
             clock.extend(missing)
             used.update(worker_keys[w])
+
+        # Early write-backs of the previous iteration: rows dirty at its end that no
+        # worker uses now and their owner did not update in it.
+        if self.early_write_back and self.pending:
+            for plan in self.pending:
+                w, updated = plan.worker, set(plan.update_local.tolist())
+                idle = sorted(
+                    k for k, row in self.caches[w].items()
+                    if row.dirty and k not in trainers and k not in updated
+                )  # fmt: skip
+                for k in idle[: self.early_write_back]:
+                    self._write_back(w, k, previous)
 
         # Training: every key of a worker's mini-batch is updated by it.
         update_local: list[list[int]] = [[] for _ in range(n)]

@@ -261,8 +261,14 @@ class Scheduler:
         mode: str = "herald",
         checkpoint_every: int = 0,
         expected_keys: int = 0,
+        early_write_back: int = 0,
     ) -> None:
         fields = mode_named(mode)
+        if early_write_back < 0:
+            raise InvalidArgument(
+                f"early write-backs must be >= 0 rows per worker and iteration, got "
+                f"{early_write_back}"
+            )
         if not fields.plans_rows:
             raise InvalidArgument(f"mode {mode!r} plans samples only; use make_scheduler")
         self.mode = mode
@@ -272,6 +278,9 @@ class Scheduler:
         self.mirror = CacheMirror(num_workers, capacity, expected_keys)
         self.counts = Traffic()
         self.checkpoint_every = checkpoint_every
+        # Rows per worker and iteration written back before anyone needs them (0: none;
+        # on-demand modes only: naive sync leaves nothing dirty).
+        self.early_write_back = early_write_back if fields.on_demand_sync else 0
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
         self.helper = HelperChoice()
@@ -324,6 +333,10 @@ class Scheduler:
                 [prev_workers, np.repeat(np.arange(n, dtype=np.int64), counts[:, 4])]
             )
             prev_keys = np.concatenate([prev_keys, dirty])
+        if self.early_write_back and self._pending:
+            early_workers, early_keys = self._early_write_backs(info)
+            prev_workers = np.concatenate([prev_workers, early_workers])
+            prev_keys = np.concatenate([prev_keys, early_keys])
         self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
@@ -363,6 +376,20 @@ class Scheduler:
         if big:
             self.helper.record(parallel, time.perf_counter() - started, batch.keys.shape[0])
         return released
+
+    def _early_write_backs(
+        self, info: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(worker, key) of the dirty rows the pending plans write back early: up to
+        ``early_write_back`` per worker, lowest keys first, of the rows dirty at the end of
+        their iteration that no worker uses in the next batch (``info``: its keys) and
+        that their owner did not update in that iteration (it may soon again). Called once
+        the next batch's keys are touched and its evictions listed."""
+        trained = np.concatenate([plan.update_local for plan in self._pending])
+        trained_kids = self.mirror.index.lookup(trained)
+        busy = np.concatenate([info[:, kernels.KID].astype(np.int64),
+                               trained_kids[trained_kids >= 0]])  # fmt: skip
+        return self.mirror.take_idle_dirty(busy, self.early_write_back)
 
     def _checkpoint_flush(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(worker, key) of the rows the pending plans write back because their iteration
@@ -529,11 +556,18 @@ class SampleScheduler:
 
 
 def make_scheduler(
-    num_workers: int, capacity: int, mode: str, checkpoint_every: int = 0, expected_keys: int = 0
+    num_workers: int,
+    capacity: int,
+    mode: str,
+    checkpoint_every: int = 0,
+    expected_keys: int = 0,
+    early_write_back: int = 0,
 ) -> Scheduler | SampleScheduler:
     """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``.
 
-    ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front."""
+    ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front;
+    ``early_write_back``: rows per worker and iteration written back early (0: none)."""
     if mode_named(mode).het:
         return SampleScheduler(num_workers, capacity, checkpoint_every)
-    return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys)
+    return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys,
+                     early_write_back)  # fmt: skip

@@ -46,6 +46,8 @@ class SchedulerConfig:
     # The run's distinct keys when known (a first pass, a keyset): sizes the cache mirror's
     # index and records up front, so planning never stalls on their growth. 0: unknown.
     expected_keys: int = 0
+    # Rows per worker and iteration written back before anyone needs them (0: off).
+    early_write_back: int = 0
     table: str = "emb"
     ps: tuple[str, ...] = field(default_factory=tuple)
     host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly
@@ -136,7 +138,7 @@ class SchedulerServer(GrpcProcess):
         self.ps = PSClient(list(config.ps), security=config.ps_security) if config.ps else None
         scheduler = make_scheduler(
             config.workers, config.cache_rows, config.mode, config.checkpoints.every,
-            config.expected_keys,
+            config.expected_keys, config.early_write_back,
         )  # fmt: skip
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
         self.run_id = (

@@ -33,6 +33,7 @@ class SimulationConfig:
     batch_size_per_worker: int = 128
     cache_fraction: float = 0.1
     iterations: int | None = None
+    early_write_back: int = 0  # rows per worker and iteration (Scheduler.early_write_back)
 
     def cache_rows(self, data: SparseDataset | int) -> int:
         return cache_rows_for(data, self.cache_fraction)
@@ -151,6 +152,7 @@ def plan_modes(
     modes: Sequence[str],
     progress: Progress | None = None,
     expected_keys: int = 0,
+    early_write_back: int = 0,
 ) -> dict[str, tuple[Traffic, float]]:
     """Plan every batch in each of ``modes``: each's counts and planning seconds.
 
@@ -163,7 +165,8 @@ def plan_modes(
     for group in plan_groups(modes):
         early = [mode for mode in group if mode_named(mode).early_pulls]
         planner = early[0] if early else group[0]
-        scheduler = Scheduler(workers, capacity, planner, expected_keys=expected_keys)
+        scheduler = Scheduler(workers, capacity, planner, expected_keys=expected_keys,
+                              early_write_back=early_write_back)  # fmt: skip
         report = None if progress is None else partial(progress, "/".join(group))
         seconds = _plan(scheduler, batches, report)
         for mode in group:
@@ -207,7 +210,8 @@ def simulate(
     capacity = config.cache_rows(distinct_keys)
     batches = config.batches(data)
     planned = plan_modes(batches, config.workers, capacity, list(MODES), progress,
-                         expected_keys=distinct_keys)  # fmt: skip
+                         expected_keys=distinct_keys,
+                         early_write_back=config.early_write_back)  # fmt: skip
     modes = {mode: mode_counts(*planned[mode]) for mode in MODES}
     rows = data.rows if isinstance(data, SparseDataset) else batches_rows(batches)
     return {

@@ -67,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.1,
         help="cache rows per worker = floor(fraction x distinct training keys), 0 < f <= 1",
     )
+    p.add_argument(
+        "--early-write-back",
+        type=at_least(0),
+        default=0,
+        help="rows per worker and iteration the scheduler writes back before anyone needs them "
+        "(on-demand modes; docs/scheduler.md#early-write-backs); 0: off",
+    )
     p.add_argument("--optimizer", default="adagrad", choices=tuple(OPTIMIZERS), help="optimizer")
     p.add_argument(
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
@@ -416,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, dense_sync=dense_sync_of(args),
         dense_checkpoint_every=args.dense_checkpoint_every,
         embedding_l2=args.embedding_l2,
-        weight_decay=args.weight_decay,
+        weight_decay=args.weight_decay, early_write_back=args.early_write_back,
     )  # fmt: skip
     job = replace(job, **extra)  # --job: the fields no flag sets (seed, ...)
     data = splits(args, job)

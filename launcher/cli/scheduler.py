@@ -36,6 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(structures double as they fill)",
     )
     p.add_argument(
+        "--early-write-back",
+        type=at_least(0),
+        default=0,
+        help="rows per worker and iteration written back before anyone needs them: dirty "
+        "rows no worker uses in the next batch (on-demand modes; docs/scheduler.md#early-"
+        "write-backs). Shrinks the final flush and checkpoint bursts; 0: off",
+    )
+    p.add_argument(
         "--mode",
         default="herald",
         help="naive, on_demand, location_aware, herald, herald_pipelined (herald's plans, "
@@ -152,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = SchedulerConfig(
         workers=args.workers, cache_rows=args.cache_rows, mode=args.mode, table=args.table,
-        expected_keys=args.expected_keys,
+        expected_keys=args.expected_keys, early_write_back=args.early_write_back,
         ps=addresses(args.ps), host=args.host, port=args.port,
         metrics_port=args.metrics_port, max_backlog=args.max_backlog,
         max_message_mb=args.max_message_mb, threads=args.threads,

@@ -28,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cache rows per worker = floor(fraction x distinct keys in the file), 0 < f <= 1",
     )
     p.add_argument("--iterations", type=at_least(1), default=None, help="at most this many batches")
+    p.add_argument(
+        "--early-write-back",
+        type=at_least(0),
+        default=0,
+        help="rows per worker and iteration written back early, as the scheduler's flag (0: off)",
+    )
     p.add_argument("--json", default=None, help="write the counts here")
 
 
@@ -55,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     profile = first_pass(spec, on_chunk=sizes)
     config = SimulationConfig(
         args.data, args.format, args.workers, args.batch_size_per_worker,
-        args.cache_fraction, args.iterations,
+        args.cache_fraction, args.iterations, args.early_write_back,
     )  # fmt: skip
     batches = StreamedBatches(spec, profile.rows, args.workers * args.batch_size_per_worker,
                               args.iterations)  # fmt: skip

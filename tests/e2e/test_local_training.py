@@ -184,3 +184,28 @@ def test_a_dead_worker_or_shard_fails_the_run_with_a_message(victim: str, tmp_pa
         run_mode(job, "herald", 2, job.read(), None, tmp_path)
     killer.join()
     assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_early_write_backs_train_the_same_model(optimizer: str, tmp_path: Path) -> None:
+    """With early write-backs (a cache large enough for dirty rows to pile up) the on-demand
+    modes end with the single-process model, the final flush shrinks to what the last
+    batches dirtied, and the workers' counts are simulate's for the same setting."""
+    job = small_job(optimizer)
+    train = job.read()
+    job = replace(job, cache_rows=cache_rows_for(train, 0.3), early_write_back=1_000_000)
+    reference = ReferenceTrainer(job)
+    reference.train(train)
+    config = SimulationConfig(str(TRAIN), "criteo", 4, 32, 0.3, ITERATIONS)
+    without = simulate(train, config)["modes"]
+    predicted = simulate(train, replace(config, early_write_back=job.early_write_back))["modes"]
+    for mode in ("on_demand", "herald", PIPELINED_MODE):
+        assert predicted[mode]["final_flush"] <= 0.2 * without[mode]["final_flush"], mode
+        result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
+        versions = assert_matches_reference(result.model, reference, mode)
+        assert np.array_equal(result.model["versions"], versions), mode
+        assert ps_agrees(result), (mode, result.traffic, result.ps_counted)
+        live, expected = result.traffic, predicted[mode]
+        assert live["pulls"] == expected["pulls"], mode
+        assert live["grad_pushes"] + live["write_backs"] == expected["pushes"], mode
+        assert live["final_flush"] == expected["final_flush"], mode

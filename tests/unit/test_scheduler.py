@@ -32,6 +32,17 @@ def random_batches(
     return out
 
 
+def uniform_batches(
+    seed: int, iterations: int, workers: int, per_worker: int, fields: int, vocab: int
+) -> list[Batch]:
+    """Batches of ``fields`` keys a sample, drawn uniformly from ``vocab``."""
+    rng = np.random.default_rng(seed)
+    samples = workers * per_worker
+    offsets = np.arange(samples + 1) * fields
+    return [Batch.from_arrays(t, offsets, rng.integers(0, vocab, samples * fields), workers)
+            for t in range(iterations)]  # fmt: skip
+
+
 def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list[CommPlan]:
     plans = []
     for batch in batches:
@@ -39,6 +50,7 @@ def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list
     return plans + scheduler.finish()
 
 
+@pytest.mark.parametrize("early_write_back", [0, 3])
 @pytest.mark.parametrize("mode", list(MODES))
 @settings(max_examples=30, deadline=None)
 @given(
@@ -50,13 +62,20 @@ def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list
     spare=st.integers(0, 30),
 )
 def test_fast_scheduler_equals_reference(
-    mode: str, seed: int, workers: int, per_worker: int, fields: int, vocab: int, spare: int
+    mode: str,
+    early_write_back: int,
+    seed: int,
+    workers: int,
+    per_worker: int,
+    fields: int,
+    vocab: int,
+    spare: int,
 ) -> None:
     capacity = per_worker * fields + spare  # never below a mini-batch's working set
     batches = random_batches(seed, 8, workers, per_worker, fields, vocab)
     fast, ref = (
-        Scheduler(workers, capacity, mode),
-        ReferenceScheduler.for_mode(workers, capacity, mode),
+        Scheduler(workers, capacity, mode, early_write_back=early_write_back),
+        ReferenceScheduler.for_mode(workers, capacity, mode, early_write_back),
     )
     fast_plans, ref_plans = run(fast, batches), run(ref, batches)
     assert len(fast_plans) == len(ref_plans) == 8 * workers
@@ -65,12 +84,13 @@ def test_fast_scheduler_equals_reference(
     assert fast.counts == ref.counts
 
 
+@pytest.mark.parametrize("early_write_back", [0, 4])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_plan_invariants(mode: str) -> None:
+def test_plan_invariants(mode: str, early_write_back: int) -> None:
     """Replay plans on simple per-worker caches: every rule of the counting model holds."""
     workers, per_worker, capacity = 4, 8, 40
     batches = random_batches(7, 30, workers, per_worker, 5, 120)
-    scheduler = Scheduler(workers, capacity, mode)
+    scheduler = Scheduler(workers, capacity, mode, early_write_back=early_write_back)
     plans = run(scheduler, batches)
     caches: list[dict[int, tuple[int, bool]]] = [
         {} for _ in range(workers)
@@ -319,12 +339,9 @@ def test_expected_keys_sizes_the_mirror_up_front() -> None:
 def test_the_mirror_forgets_keys_no_cache_holds(mode: str) -> None:
     """A vocabulary far larger than the caches: the mirror keeps only keys some cache
     holds (plus the batch's), reusing forgotten kids, and still plans as the reference."""
-    rng = np.random.default_rng(21)
     workers, per_worker, fields, capacity = 4, 8, 6, 60
     samples = workers * per_worker
-    offsets = np.arange(samples + 1) * fields
-    batches = [Batch.from_arrays(t, offsets, rng.integers(0, 20_000, samples * fields), workers)
-               for t in range(60)]  # fmt: skip
+    batches = uniform_batches(21, 60, workers, per_worker, fields, 20_000)
     fast, ref = (
         Scheduler(workers, capacity, mode),
         ReferenceScheduler.for_mode(workers, capacity, mode),
@@ -339,3 +356,22 @@ def test_the_mirror_forgets_keys_no_cache_holds(mode: str) -> None:
     held = {k for w in range(workers) for k in m.cached_keys(w).tolist()}
     assert held <= {k for k in m.key_of[: m.index.rows].tolist()}
     assert len(m.index) == len(held)
+
+
+@pytest.mark.parametrize("mode", ["on_demand", "herald", "herald_pipelined"])
+def test_early_write_backs_shrink_the_final_flush(mode: str) -> None:
+    """Dirty rows pile up in large caches; written back early, the final flush holds what
+    the last batches dirtied (at most a fifth here), pulls do not change, and a bound per
+    worker and iteration spreads the rest over the run."""
+    workers, capacity = 4, 5000
+    batches = uniform_batches(3, 60, workers, 16, 3, 10_000)
+    counts = {}
+    for rows in (0, 16, 1_000_000):
+        scheduler = Scheduler(workers, capacity, mode, early_write_back=rows)
+        run(scheduler, batches)
+        counts[rows] = scheduler.counts
+    off, bounded, unbounded = counts[0], counts[16], counts[1_000_000]
+    assert unbounded.final_flush <= 0.2 * off.final_flush
+    assert unbounded.final_flush < bounded.final_flush < off.final_flush
+    assert off.pulls == bounded.pulls == unbounded.pulls
+    assert bounded.write_backs - off.write_backs <= 16 * workers * len(batches)
