@@ -334,7 +334,7 @@ class Trainer:
         (validating after each but the last); the seconds it took (validations excluded)."""
         every = self.jf.schedule.eval_every or per_epoch
         first_t = (epoch - 1) * per_epoch  # the epoch's first iteration
-        _, batches = self._epoch_batches(epoch, start_batch=done)
+        batches = self._epoch_batches(epoch, start_batch=done)
         seconds = 0.0
         while done < per_epoch:
             end = min((done // every + 1) * every, per_epoch)  # the span's end in the epoch
@@ -397,26 +397,24 @@ class Trainer:
             raise
         feeding.result()
 
-    def _epoch_batches(
-        self, epoch: int, start_batch: int = 0
-    ) -> tuple[int, Iterator[SparseDataset]]:
-        """How many global batches ``epoch`` has, and the batches from ``start_batch`` on
-        (a resumed epoch skips those committed before): the training rows in the epoch's
-        order (in memory, or through the streaming shuffle, which shuffles the epoch again
-        and skips), or streamed from the file in its order."""
+    def _epoch_batches(self, epoch: int, start_batch: int = 0) -> Iterator[SparseDataset]:
+        """``epoch``'s global batches from ``start_batch`` on (a resumed epoch skips those
+        committed before; ``_batches_per_epoch`` counts them): the training rows in the epoch's
+        order (in memory, or through the streaming shuffle, which shuffles the epoch again and
+        skips), or streamed from the file in its order."""
         job, sched = self.job, self.jf.schedule
         if self.data.train is None:
             assert job.train_rows is not None
-            streamed = StreamedBatches(job.data_spec(), job.train_rows, job.global_batch, None)
             if not sched.shuffle:
-                return len(streamed), streamed.iter_from(start_batch)
+                streamed = StreamedBatches(job.data_spec(), job.train_rows, job.global_batch,
+                                           None)  # fmt: skip
+                return streamed.iter_from(start_batch)
             rows = ShuffledRows(job.data_spec(), job.train_rows, sched.shuffle_buffer_rows,
                                 sched.seed, epoch, self.workdir)  # fmt: skip
-            shuffled = shuffled_batches(rows, job.global_batch)
-            return len(streamed), itertools.islice(shuffled, start_batch, None)
+            return itertools.islice(shuffled_batches(rows, job.global_batch), start_batch, None)
         order = epoch_order(self.data.train.rows, sched.seed, epoch, sched.shuffle)
         batches = global_batches(self.data.train.take(order), job.global_batch, None, 1)
-        return len(batches), iter(batches[start_batch:])
+        return iter(batches[start_batch:])
 
     def _line(self, e: Epoch, max_epochs: int) -> str:
         mean = sum(self.walls) / len(self.walls)  # whole epochs, validation included
