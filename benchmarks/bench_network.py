@@ -6,6 +6,7 @@ Run from the repository root, as root (network namespaces; see docs/network.md):
     python benchmarks/bench_network.py --quick     # 1 epoch, rates 10 and 1000, criteo only
     python benchmarks/bench_network.py --rates 1000 --repeats 3   # CPU-bound end, 3 runs each
     python benchmarks/bench_network.py --shape embeddings --rates 100 --iterations 12
+    python benchmarks/bench_network.py --shape clicklog --repeats 3
 
 ``--shape small`` (the default) is the sweep below. ``--shape embeddings`` is
 the papers' shape, where embeddings dominate: the Criteo layout (26 fields),
@@ -16,6 +17,13 @@ default /tmp/netbench/criteo_2m.tsv, if missing); the run trains the first
 evaluates the next ``--eval-rows`` rows; variants naive, herald and
 herald_pipelined. ``--dims`` and ``--hidden`` give more points (embedding dim x
 hidden widths), so that the dense all-reduce's share of the bytes changes.
+``--shape clicklog`` is the case issue 25 was filed on: a click log of five
+categorical fields (``benchmarks/gen_clicklog.py``, 100,000 rows, written to
+/tmp/netbench/clicklog.csv if missing, and 10,000 held-out rows), 4 workers x
+128, AdaGrad, dim 8, cache 10%, 30 iterations, 2 Mbit/s by default, where the
+dense all-reduce outweighs the embeddings; variants naive, herald and
+herald_pipelined, the last two also with early write-backs off (``ewb off``),
+as before issue 25.
 
 Every process of each local cluster (2 PS shards, the scheduler, 4 workers)
 runs in its own network namespace behind a token-bucket link of R Mbit/s
@@ -61,6 +69,7 @@ import numpy as np
 from heraldps.bundled import bundled_data
 from heraldps.data.global_batches import StreamedBatches
 from heraldps.job import TrainingJob
+from heraldps.modes import EARLY_WRITE_BACK_ALL
 from launcher.cli.data import first_pass
 from launcher.local import ModeResult, run_local
 from scheduler_service.simulate import cache_rows_for
@@ -78,6 +87,7 @@ class Variant:
     mode: str
     staleness: int = 0
     dense_sync: str = "allreduce"
+    early_write_back: int = EARLY_WRITE_BACK_ALL  # the scheduler's setting (0: off)
 
 
 VARIANTS = (
@@ -95,6 +105,13 @@ EMBEDDINGS_VARIANTS = (
     Variant("herald", "herald"),
     Variant("herald_pipelined", "herald_pipelined"),
 )
+CLICKLOG_VARIANTS = (
+    *EMBEDDINGS_VARIANTS,
+    Variant("herald ewb off", "herald", early_write_back=0),
+    Variant("herald_pipelined ewb off", "herald_pipelined", early_write_back=0),
+)
+CLICKLOG_DATA = Path("/tmp/netbench/clicklog.csv")
+CLICKLOG_FIELDS = ("user", "item", "publisher", "hour", "device")
 
 
 def datasets(quick: bool) -> list[tuple[str, str, Path, Path]]:
@@ -141,11 +158,12 @@ def run_rate(
     the modes of each in turn, started ``rotate`` places further along (repeats vary the
     order, so no variant always runs first or last)."""
     results: dict[str, ModeResult] = {}
-    groups: dict[tuple[int, str], list[Variant]] = {}
+    groups: dict[tuple[int, str, int], list[Variant]] = {}
     for v in variants:
-        groups.setdefault((v.staleness, v.dense_sync), []).append(v)
-    for (staleness, dense_sync), members in groups.items():
-        variant_job = replace(job, staleness=staleness, dense_sync=dense_sync)
+        groups.setdefault((v.staleness, v.dense_sync, v.early_write_back), []).append(v)
+    for (staleness, dense_sync, early), members in groups.items():
+        variant_job = replace(job, staleness=staleness, dense_sync=dense_sync,
+                              early_write_back=early)  # fmt: skip
         k = rotate % len(members)
         modes = [v.mode for v in members[k:] + members[:k]]
         out = run_local(variant_job, modes, 2, train, test, link_mbit=rate)
@@ -212,6 +230,23 @@ def embeddings_cases(args: argparse.Namespace) -> list[Case]:
     return cases
 
 
+def clicklog_cases(args: argparse.Namespace) -> list[Case]:
+    """Issue 25's click log: 100,000 rows of five categorical fields (generated if missing,
+    with 10,000 held-out rows beside them), 4 x 128, cache 10%, ``--iterations`` (30)."""
+    test_file = CLICKLOG_DATA.with_name("clicklog_test.csv")
+    generator = Path(__file__).resolve().parent / "gen_clicklog.py"
+    for path, rows, seed in ((CLICKLOG_DATA, 100_000, 0), (test_file, 10_000, 1)):
+        if not path.exists():
+            subprocess.run([sys.executable, str(generator), "--rows", str(rows), "--seed",
+                            str(seed), "--out", str(path)], check=True)  # fmt: skip
+    job = TrainingJob(data=str(CLICKLOG_DATA), format="csv", sparse_columns=CLICKLOG_FIELDS,
+                      label_column="click", workers=4, batch_size_per_worker=128,
+                      iterations=args.iterations or 30, optimizer="adagrad")  # fmt: skip
+    train, test = job.read(), job.read(str(test_file))
+    job = replace(job, cache_rows=cache_rows_for(train, 0.1))
+    return [("clicklog", job, train, test)]
+
+
 def hidden_widths(text: str) -> list[tuple[int, ...]]:
     """``--hidden 64,32/1024,1024``: one MLP per ``/``-separated item."""
     return [tuple(int(w) for w in item.split(",") if w) for item in text.split("/")]
@@ -219,7 +254,7 @@ def hidden_widths(text: str) -> list[tuple[int, ...]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=("small", "embeddings"), default="small",
+    parser.add_argument("--shape", choices=("small", "embeddings", "clicklog"), default="small",
                         help="small: bundled sample and Avazu head9k, dim 16, 4 x 128 (default); "
                         "embeddings: generated Criteo, dim 64, 4 x 1024, streamed")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="1 epoch, rates 10 and 1000, criteo")
@@ -249,8 +284,9 @@ def main() -> int:
         help="rows to generate when --data-file is missing (default 2,000,000)",
     )
     group.add_argument(
-        "--iterations", type=int, default=12, help="global batches trained per run (default 12)"
-    )
+        "--iterations", type=int, default=None,
+        help="global batches trained per run (default 12; clicklog 30)",
+    )  # fmt: skip
     group.add_argument("--batch-per-worker", type=int, default=1024, help="default 1024")
     group.add_argument("--dims", default="64", help="embedding dims, comma-separated (64)")
     group.add_argument(
@@ -269,16 +305,27 @@ def main() -> int:
     if args.replot:
         return replot(args.replot, args.output or RESULTS / "bench_network.json")
     embeddings = args.shape == "embeddings"
+    clicklog = args.shape == "clicklog"
+    if embeddings and args.iterations is None:
+        args.iterations = 12
     args.dims = [int(d) for d in args.dims.split(",")]
     args.hidden = hidden_widths(args.hidden)
-    default_name = "bench_network_embeddings.json" if embeddings else "bench_network.json"
+    default_name = f"bench_network_{args.shape}.json" if args.shape != "small" else (
+        "bench_network.json")  # fmt: skip
     output: Path = args.output or RESULTS / default_name
     rates = RATES if args.rates is None else tuple(float(r) for r in args.rates.split(","))
     if args.quick and args.rates is None:
         rates = (10.0, 1000.0)
+    if clicklog and args.rates is None:
+        rates = (2.0,)
     epochs = args.epochs or (1 if args.quick else 3)
-    variants = EMBEDDINGS_VARIANTS if embeddings else VARIANTS
-    cases = embeddings_cases(args) if embeddings else small_cases(args.quick, epochs)
+    variants = EMBEDDINGS_VARIANTS if embeddings else CLICKLOG_VARIANTS if clicklog else VARIANTS
+    if embeddings:
+        cases = embeddings_cases(args)
+    elif clicklog:
+        cases = clicklog_cases(args)
+    else:
+        cases = small_cases(args.quick, epochs)
     config = run_config(args, cases, epochs, rates)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -338,10 +385,21 @@ def rate_rows(
             "dense_bytes": r["dense_bytes"],
             "embedding_share": embedding_share(embedding_bytes, r["dense_bytes"]),
             "final_flush_rows": r["final_flush"], "logloss": r["logloss"], "auc": r["auc"],
+            **flush_seconds(r["per_iteration"]),
             **link_figures(repeats[0][variant.name], rate),
         })  # fmt: skip
         print_row(rows[-1])
     return rows
+
+
+def flush_seconds(per_iteration: list[dict[str, Any]]) -> dict[str, float]:
+    """The last iteration's time (the slowest worker's, final flush included), the median
+    iteration's, and the final flush's time: the difference, clipped at 0."""
+    periods = [row["period"] for row in per_iteration]
+    median = float(np.median(periods[1:-1] or periods))
+    last = float(periods[-1]) if periods else 0.0
+    return {"last_iteration_s": last, "median_iteration_s": median,
+            "final_flush_s": max(0.0, last - median)}  # fmt: skip
 
 
 def embedding_share(embedding_bytes: float, dense_bytes: float) -> float:
@@ -366,7 +424,7 @@ def run_config(
                       iterations=job.iterations, eval_rows=args.eval_rows, dims=args.dims,
                       hidden=[list(h) for h in args.hidden])  # fmt: skip
     else:
-        config.update(embedding_dim=job.embedding_dim, epochs=epochs)
+        config.update(embedding_dim=job.embedding_dim, epochs=epochs, iterations=job.iterations)
     return config
 
 
@@ -385,6 +443,7 @@ def print_row(r: dict[str, Any]) -> None:
     print(f"  {r['data']} @ {r['link_mbit']:g} Mbit/s  {r['variant']:<18} "
           f"{r['samples_per_second']:8,.0f} samples/s  x{r['vs_naive']:.2f}  "
           f"whole run {r['samples_per_second_whole']:8,.0f}  x{r['whole_vs_naive']:.2f}  "
+          f"final flush {r['final_flush_rows']:,} rows {r['final_flush_s']:.2f} s  "
           f"net {100 * r['network_share']:.0f}%  "
           f"embeddings {100 * r['embedding_share']:.0f}% of bytes", flush=True)  # fmt: skip
 
@@ -417,7 +476,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     data = sorted({r["data"] for r in rows})
     fig, axes = plt.subplots(1, len(data), figsize=(7 * len(data), 4.8), squeeze=False)
     for ax, name in zip(axes[0], data, strict=True):
-        for variant in VARIANTS:
+        for variant in (*VARIANTS, *CLICKLOG_VARIANTS[len(EMBEDDINGS_VARIANTS) :]):
             points = sorted((r["link_mbit"], r["samples_per_second"]) for r in rows
                             if r["data"] == name and r["variant"] == variant.name)  # fmt: skip
             if points:

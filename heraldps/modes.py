@@ -93,6 +93,21 @@ LOCATION_AWARE_MODES = tuple(m.name for m in _ALL if m.partitioner == LOCATION_A
 # What ``heraldps local`` trains without --modes: Herald's Table 1 and HET.
 DEFAULT_LOCAL_MODES = ("naive", "on_demand", "location_aware", "herald", HET_MODE)
 
+EARLY_WRITE_BACK_ALL = -1
+"""``early_write_back`` value (the default): write back every idle dirty row, no cap."""
+
+
+def early_write_back_cap(rows: int) -> int | None:
+    """Rows per worker and iteration an ``early_write_back`` setting allows (None: no cap);
+    refuses anything below ``EARLY_WRITE_BACK_ALL``."""
+    if rows < EARLY_WRITE_BACK_ALL:
+        raise InvalidArgument(
+            f"early write-backs must be -1 (every idle dirty row), 0 (off) or a number of "
+            f"rows per worker and iteration, got {rows}"
+        )
+    return None if rows == EARLY_WRITE_BACK_ALL else rows
+
+
 # The scheduler keeps one bit per worker in its cache-mirror masks (uint64).
 MAX_WORKERS = 64
 

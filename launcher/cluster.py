@@ -23,6 +23,7 @@ from typing import TypedDict
 
 from heraldps.cores import CORES
 from heraldps.errors import HeraldError
+from heraldps.modes import EARLY_WRITE_BACK_ALL
 from launcher.lifeline import child_environment
 
 START_TIMEOUT_SECONDS = 120.0
@@ -186,7 +187,7 @@ def scheduler_process(
     extra: tuple[str, ...] = (),
     worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
     expected_keys: int = 0,
-    early_write_back: int = 0,
+    early_write_back: int = EARLY_WRITE_BACK_ALL,
 ) -> ManagedProcess:
     """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links);
     ``extra``: more ``heraldps scheduler`` flags (checkpoints, resume); ``worker_timeout``:

@@ -226,25 +226,29 @@ class CacheMirror:
         return owners[kids], self.key_of[kids].copy()
 
     def take_idle_dirty(
-        self, busy: npt.NDArray[np.int64], limit: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """(owner, key) of up to ``limit`` dirty rows per worker whose kid is not in
-        ``busy``, lowest keys first, now marked clean: written
-        back early, each stays cached at its owner as the valid copy it is (holders do not
-        change), so its next local use needs no pull and a later update makes it dirty
-        again (docs/scheduler.md#early-write-backs)."""
-        owners = self.dirty_owners()
-        owners[busy] = -1
-        kids = np.flatnonzero(owners >= 0)
-        if not kids.shape[0]:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        own, keys = owners[kids], self.key_of[kids]
+        self, candidates: npt.NDArray[np.int64], busy: npt.NDArray[np.int64], limit: int | None
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(owner, key) of up to ``limit`` (None: every) dirty rows per worker among the
+        kids ``candidates`` (distinct; a superset of the dirty rows) whose kid is not in
+        ``busy``, lowest keys first, now marked clean: written back early, each stays
+        cached at its owner as the valid copy it is (holders do not change), so its next
+        local use needs no pull and a later update makes it dirty again
+        (docs/scheduler.md#early-write-backs). Third: the candidates still dirty."""
+        meta = self.records[candidates, kernels.R_META]
+        owners = (meta >> np.uint64(32)).astype(np.int64) - 1
+        dirty = owners >= 0
+        idle = dirty & ~np.isin(candidates, busy)
+        kids, own = candidates[idle], owners[idle]
+        keys = self.key_of[kids]
         order = np.lexsort((keys, own))
         kids, own, keys = kids[order], own[order], keys[order]
-        rank = np.arange(own.shape[0]) - np.searchsorted(own, own, side="left")
-        keep = rank < limit
-        self.records[kids[keep], kernels.R_META] &= kernels.LID_BITS
-        return own[keep], keys[keep].copy()
+        if limit is not None:
+            rank = np.arange(own.shape[0]) - np.searchsorted(own, own, side="left")
+            keep = rank < limit
+            kids, own, keys = kids[keep], own[keep], keys[keep]
+        self.records[kids, kernels.R_META] &= kernels.LID_BITS
+        left = candidates[dirty]
+        return own, keys.copy(), left[~np.isin(left, kids)]
 
     def cached_keys(self, worker: int) -> npt.NDArray[np.int64]:
         """The keys ``worker`` caches, from the head of its ring (next to come round)."""

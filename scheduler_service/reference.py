@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heraldps.errors import InvalidArgument
-from heraldps.modes import mode_named
+from heraldps.modes import EARLY_WRITE_BACK_ALL, early_write_back_cap, mode_named
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
@@ -38,12 +38,14 @@ class ReferenceScheduler:
         partition: str,
         sync: str,
         early: bool = False,
-        early_write_back: int = 0,
+        early_write_back: int = EARLY_WRITE_BACK_ALL,
     ) -> None:
         self.num_workers = num_workers
         # Rows per worker written back early (dirty, unused in the next batch, not
-        # updated in their own iteration), lowest keys first.
-        self.early_write_back = early_write_back if sync == "on_demand" else 0
+        # updated in their own iteration), lowest keys first: up to ``early_cap`` (None:
+        # every one), or none.
+        self.early_cap = early_write_back_cap(early_write_back)
+        self.early_write_back = early_write_back != 0 and sync == "on_demand"
         # Mark early pulls: keys of the last released iteration's pushes and write-backs
         # (None before the first release, when nothing is marked).
         self.early = early
@@ -61,7 +63,11 @@ class ReferenceScheduler:
 
     @classmethod
     def for_mode(
-        cls, num_workers: int, capacity: int, mode: str, early_write_back: int = 0
+        cls,
+        num_workers: int,
+        capacity: int,
+        mode: str,
+        early_write_back: int = EARLY_WRITE_BACK_ALL,
     ) -> ReferenceScheduler:
         fields = mode_named(mode)
         sync = "on_demand" if fields.on_demand_sync else "naive"
@@ -177,7 +183,7 @@ class ReferenceScheduler:
                     k for k, row in self.caches[w].items()
                     if row.dirty and k not in trainers and k not in updated
                 )  # fmt: skip
-                for k in idle[: self.early_write_back]:
+                for k in idle[: self.early_cap]:
                     self._write_back(w, k, previous)
 
         # Training: every key of a worker's mini-batch is updated by it.

@@ -26,10 +26,12 @@ import numpy.typing as npt
 
 from heraldps.errors import CacheTooSmall, FailedPrecondition, InvalidArgument
 from heraldps.modes import (
+    EARLY_WRITE_BACK_ALL,
     HERALD_MODES,
     HET_MODE,
     LOCATION_AWARE,
     SEQUENTIAL,
+    early_write_back_cap,
     mode_named,
 )
 from heraldps.plan import CommPlan
@@ -261,14 +263,10 @@ class Scheduler:
         mode: str = "herald",
         checkpoint_every: int = 0,
         expected_keys: int = 0,
-        early_write_back: int = 0,
+        early_write_back: int = EARLY_WRITE_BACK_ALL,
     ) -> None:
         fields = mode_named(mode)
-        if early_write_back < 0:
-            raise InvalidArgument(
-                f"early write-backs must be >= 0 rows per worker and iteration, got "
-                f"{early_write_back}"
-            )
+        early_cap = early_write_back_cap(early_write_back)
         if not fields.plans_rows:
             raise InvalidArgument(f"mode {mode!r} plans samples only; use make_scheduler")
         self.mode = mode
@@ -278,9 +276,12 @@ class Scheduler:
         self.mirror = CacheMirror(num_workers, capacity, expected_keys)
         self.counts = Traffic()
         self.checkpoint_every = checkpoint_every
-        # Rows per worker and iteration written back before anyone needs them (0: none;
-        # on-demand modes only: naive sync leaves nothing dirty).
-        self.early_write_back = early_write_back if fields.on_demand_sync else 0
+        # Early write-backs, on-demand modes only (naive sync leaves nothing dirty): on
+        # (``early_cap`` rows per worker and iteration, None: every idle dirty row) or off.
+        self.early_write_back = early_write_back != 0 and fields.on_demand_sync
+        self.early_cap = early_cap
+        # Kids that may be dirty: every row made dirty since, and those left dirty last time.
+        self._dirty_candidates = np.empty(0, np.int64)
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
         self.helper = HelperChoice()
@@ -387,9 +388,15 @@ class Scheduler:
         the next batch's keys are touched and its evictions listed."""
         trained = np.concatenate([plan.update_local for plan in self._pending])
         trained_kids = self.mirror.index.lookup(trained)
-        busy = np.concatenate([info[:, kernels.KID].astype(np.int64),
-                               trained_kids[trained_kids >= 0]])  # fmt: skip
-        return self.mirror.take_idle_dirty(busy, self.early_write_back)
+        trained_kids = trained_kids[trained_kids >= 0]
+        busy = np.concatenate([info[:, kernels.KID].astype(np.int64), trained_kids])
+        # Rows get dirty only by a local update: the candidates are the pending plans'
+        # (a batch's worth), not a scan of every row the mirror knows.
+        candidates = np.unique(np.concatenate([self._dirty_candidates, trained_kids]))
+        owners, keys, self._dirty_candidates = self.mirror.take_idle_dirty(
+            candidates, busy, self.early_cap
+        )
+        return owners, keys
 
     def _checkpoint_flush(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(worker, key) of the rows the pending plans write back because their iteration
@@ -561,12 +568,13 @@ def make_scheduler(
     mode: str,
     checkpoint_every: int = 0,
     expected_keys: int = 0,
-    early_write_back: int = 0,
+    early_write_back: int = EARLY_WRITE_BACK_ALL,
 ) -> Scheduler | SampleScheduler:
     """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``.
 
     ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front;
-    ``early_write_back``: rows per worker and iteration written back early (0: none)."""
+    ``early_write_back``: rows per worker and iteration written back early (-1: every
+    idle dirty row; 0: none)."""
     if mode_named(mode).het:
         return SampleScheduler(num_workers, capacity, checkpoint_every)
     return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys,

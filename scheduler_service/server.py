@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.fence import MAX_LEASE_SECONDS, MAX_RUN_ID_CHARS, MIN_LEASE_SECONDS
-from heraldps.modes import MODES, mode_named
+from heraldps.modes import EARLY_WRITE_BACK_ALL, MODES, mode_named
 from heraldps.ports import check_port
 from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
@@ -46,8 +46,9 @@ class SchedulerConfig:
     # The run's distinct keys when known (a first pass, a keyset): sizes the cache mirror's
     # index and records up front, so planning never stalls on their growth. 0: unknown.
     expected_keys: int = 0
-    # Rows per worker and iteration written back before anyone needs them (0: off).
-    early_write_back: int = 0
+    # Rows per worker and iteration written back before anyone needs them (-1: every
+    # idle dirty row; 0: off).
+    early_write_back: int = EARLY_WRITE_BACK_ALL
     table: str = "emb"
     ps: tuple[str, ...] = field(default_factory=tuple)
     host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly

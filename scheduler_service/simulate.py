@@ -19,7 +19,7 @@ from typing import Any
 
 from heraldps.data import SparseDataset
 from heraldps.data.global_batches import GlobalBatches, InMemoryBatches, mini_batch_sizes
-from heraldps.modes import PIPELINED_MODE, mode_named
+from heraldps.modes import EARLY_WRITE_BACK_ALL, PIPELINED_MODE, mode_named
 from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import MODES, Scheduler
@@ -33,7 +33,8 @@ class SimulationConfig:
     batch_size_per_worker: int = 128
     cache_fraction: float = 0.1
     iterations: int | None = None
-    early_write_back: int = 0  # rows per worker and iteration (Scheduler.early_write_back)
+    # Rows per worker and iteration (Scheduler's early_write_back; -1: every idle row).
+    early_write_back: int = EARLY_WRITE_BACK_ALL
 
     def cache_rows(self, data: SparseDataset | int) -> int:
         return cache_rows_for(data, self.cache_fraction)
@@ -152,7 +153,7 @@ def plan_modes(
     modes: Sequence[str],
     progress: Progress | None = None,
     expected_keys: int = 0,
-    early_write_back: int = 0,
+    early_write_back: int = EARLY_WRITE_BACK_ALL,
 ) -> dict[str, tuple[Traffic, float]]:
     """Plan every batch in each of ``modes``: each's counts and planning seconds.
 

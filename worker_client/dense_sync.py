@@ -68,6 +68,10 @@ class DenseSync(abc.ABC):
         """Start the update; it may run on until :meth:`settle` (see :meth:`overlaps`)."""
         self.update(grad, iteration, final, lr_scale)
 
+    def running(self) -> Future[None] | None:
+        """The update still running in the background, if any (here: never)."""
+        return None
+
     def settle(self) -> None:  # noqa: B027 (nothing runs on here)
         """Wait for a started update to finish; raise its error."""
 
@@ -171,6 +175,9 @@ class AllReduceDense(DenseSync):
             self.update(grad, iteration, final, lr_scale)
             return
         self._pending = Sends.in_thread(self.update, grad, iteration, final, lr_scale)
+
+    def running(self) -> Future[None] | None:
+        return self._pending
 
     def settle(self) -> None:
         pending, self._pending = self._pending, None

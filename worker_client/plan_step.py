@@ -7,22 +7,32 @@ plan lists. Anything in the plan that does not match the cache is a
 and training must stop rather than silently train a different model. Every
 check runs before the cache or the PS changes.
 
-The sends of an iteration overlap (:class:`~worker_client.sends.Sends`): the
-gradient push and the dense push leave as soon as the backward pass has made
-them, while the local optimizer runs; the write-backs (which need those local
-updates) follow; the step waits for all of them before it returns. A dense
+The sends of an iteration overlap (:class:`~worker_client.sends.Sends`): rows
+the plan writes back that this iteration does not train (dirty since an earlier
+one, so final already: early write-backs and most on-demand ones) leave before
+it pulls, on the outbound link, which is idle while the worker pulls and
+computes, behind the previous iteration's dense all-reduce if it still runs;
+the gradient push and the dense push leave as soon as the backward pass has made
+them, while the local optimizer runs; the other write-backs (which need those
+local updates) follow; the step waits for all of them before it returns. A dense
 all-reduce (every iteration's but the final flush's) leaves only after the
 embedding sends, which the commit waits for, and runs on while the worker
 reports, waits for its next plan and pulls; the next forward pass waits for it
 (:meth:`~worker_client.step.Step.start_dense`). The PS
 accepts them in any order within an iteration: pushes only add to the
 iteration's buffer until the commit, and a write-back checks the row's
-version, which nothing but a commit or a write-back of the same row changes.
+version, which nothing but a commit or a write-back of the same row changes. A
+row dirty at this worker had no gradient pushed in the previous iteration, so
+that iteration's commit (still running in ``herald_pipelined``) leaves it alone,
+and no worker pulls it in this iteration (the scheduler would have had it
+written back by the previous plan).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +45,7 @@ from heraldps.keyindex import KeyIndex
 from heraldps.optim import scaled
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
+from worker_client.cache import WriteBackRows
 from worker_client.sends import Sends
 from worker_client.step import Step
 
@@ -52,6 +63,11 @@ class PlanStep(Step):
         mb = self.mini_batch(plan)
         local, shared = self._split(plan, mb.keys)
         self._check_write_backs(plan)
+        sends = Sends()
+        # Rows this iteration does not train are final already: they leave now, while the
+        # outbound link would idle through the pulls and the forward and backward passes.
+        idle = plan.write_back[~np.isin(plan.write_back, mb.keys)]
+        idle_rows = self._write_back_idle(sends, idle) if idle.shape[0] else None
         if plan.evict.shape[0]:
             self._check_evictions(plan)
             cache.evict(plan.evict)
@@ -68,7 +84,6 @@ class PlanStep(Step):
         traffic.hits += mb.keys.shape[0] - plan.pull.shape[0]
         loss, emb_grad, dense_grad = self.train(mb, slots, plan)
         self.computed()
-        sends = Sends()
         if shared.shape[0]:
             grads = to_host(emb_grad[self.xp.asarray(shared)])
             sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, plan.push_grads, grads, t,
@@ -85,31 +100,53 @@ class PlanStep(Step):
             with self.timer("optimizer"):
                 cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)],
                                    scaled(self.optimizer, plan.lr_scale))  # fmt: skip
-        written = plan.write_back
-        traffic.write_backs += written.shape[0]
+        traffic.write_backs += plan.write_back.shape[0]
+        written = plan.write_back[np.isin(plan.write_back, mb.keys)]
         if plan.final_flush:  # every row still dirty, with the plan's write-backs: one request
-            flush = np.setdiff1d(cache.dirty_keys(), written, assume_unique=True)
+            flush = np.setdiff1d(cache.dirty_keys(), plan.write_back, assume_unique=True)
             written = np.concatenate([written, flush])
             traffic.final_flush += flush.shape[0]
         rows = None
         if written.shape[0]:
             rows = cache.rows_for_write_back(written)
-            # No version pre-read (check_first): the scheduler's mirror rules conflicts out,
-            # and each shard still refuses a row whose version moved, failing the run.
-            sends.add(self.ps.write_back_async(EMBEDDING_TABLE, rows.keys, rows.values,
-                                               rows.state, rows.base_versions,
-                                               rows.new_versions,
-                                               check_first=False))  # fmt: skip
+            sends.add(self._send_rows(rows))
         blocked = time.perf_counter()
         sends.wait()
         # Blocked on all sends at once: ``push``, less the all-reduce's wait for its peers.
         self.timer.add_blocked("push", time.perf_counter() - blocked,
                                self.dense.wait_seconds - waited)  # fmt: skip
-        if rows is not None:
-            cache.mark_written(rows)
+        for sent in (idle_rows, rows):
+            if sent is not None:
+                cache.mark_written(sent)
         if overlapped:
             self.start_dense(host_grad, t, plan.stores_dense, plan.lr_scale)
         return traffic, loss
+
+    def _send_rows(self, rows: WriteBackRows) -> Future[None]:
+        """Write ``rows`` back (one request); the caller marks them written once it is done."""
+        # No version pre-read (check_first): the scheduler's mirror rules conflicts out,
+        # and each shard still refuses a row whose version moved, failing the run.
+        return self.ps.write_back_async(EMBEDDING_TABLE, rows.keys, rows.values, rows.state,
+                                        rows.base_versions, rows.new_versions,
+                                        check_first=False)  # fmt: skip
+
+    def _write_back_idle(self, sends: Sends, keys: npt.NDArray[np.int64]) -> WriteBackRows:
+        """Send the cached rows ``keys``, which this iteration does not change, joined to
+        ``sends``: at once, or, while the previous iteration's dense update still runs, once
+        it is done, so that they take the link's idle time, not the all-reduce's."""
+        rows = self.cache.rows_for_write_back(keys)
+        ahead = self.dense.running()
+        if ahead is None:
+            sends.add(self._send_rows(rows))
+        else:
+            sends.add(Sends.in_thread(self._send_after, ahead, rows))
+        return rows
+
+    def _send_after(self, ahead: Future[None], rows: WriteBackRows) -> None:
+        """On the send pool: wait for ``ahead`` (its error is the dense step's to raise),
+        then write ``rows`` back."""
+        concurrent.futures.wait([ahead])
+        self._send_rows(rows).result()
 
     def _split(
         self, plan: CommPlan, keys: npt.NDArray[np.int64]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from heraldps.errors import HeraldError, InvalidArgument, error_from_rpc
+from heraldps.modes import EARLY_WRITE_BACK_ALL
 from heraldps.ports import MAX_PORT
 
 USAGE_ERROR = 2  # argparse's code for a bad command line; ours for a bad configuration
@@ -82,6 +83,23 @@ def addresses(text: str) -> tuple[str, ...]:
 def names(text: str | None) -> tuple[str, ...] | None:
     """A comma-separated column list (``--sparse-columns a,b``); None when not given."""
     return tuple(c for c in text.split(",") if c) if text else None
+
+
+def early_write_back(text: str) -> int:
+    """``--early-write-back``: ``all`` (-1, every idle dirty row), ``off`` (0) or a number
+    of rows per worker and iteration."""
+    named = {"all": EARLY_WRITE_BACK_ALL, "off": 0}
+    if text.strip().lower() in named:
+        return named[text.strip().lower()]
+    return at_least(EARLY_WRITE_BACK_ALL)(text)
+
+
+EARLY_WRITE_BACK_HELP = (
+    "dirty rows written back early, per worker and iteration: rows no worker uses in the "
+    "next batch and their owner did not update in its iteration (on-demand modes; "
+    "docs/scheduler.md#early-write-backs). Shrinks the final flush and checkpoint bursts: "
+    "all (-1, the default), off (0) or a number of rows"
+)
 
 
 def at_least(low: int, high: int | None = None) -> Callable[[str], int]:

@@ -11,9 +11,18 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from heraldps.activations import ACTIVATIONS
-from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
+from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, EARLY_WRITE_BACK_ALL, MAX_WORKERS
 from heraldps.optim import OPTIMIZERS
-from launcher.cli.command import Command, at_least, fraction, names, non_negative, positive
+from launcher.cli.command import (
+    EARLY_WRITE_BACK_HELP,
+    Command,
+    at_least,
+    early_write_back,
+    fraction,
+    names,
+    non_negative,
+    positive,
+)
 from launcher.cli.data import add_data_arguments
 
 if TYPE_CHECKING:
@@ -69,10 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--early-write-back",
-        type=at_least(0),
-        default=0,
-        help="rows per worker and iteration the scheduler writes back before anyone needs them "
-        "(on-demand modes; docs/scheduler.md#early-write-backs); 0: off",
+        type=early_write_back,
+        default=EARLY_WRITE_BACK_ALL,
+        metavar="ROWS",
+        help=EARLY_WRITE_BACK_HELP,
     )
     p.add_argument("--optimizer", default="adagrad", choices=tuple(OPTIMIZERS), help="optimizer")
     p.add_argument(

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from heraldps.modes import MAX_WORKERS
+from heraldps.modes import EARLY_WRITE_BACK_ALL, MAX_WORKERS
 from launcher.cli.command import (
+    EARLY_WRITE_BACK_HELP,
     Command,
     add_admission_arguments,
     add_server_arguments,
     addresses,
     at_least,
+    early_write_back,
     non_negative,
 )
 from launcher.cli.security_flags import (
@@ -37,11 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--early-write-back",
-        type=at_least(0),
-        default=0,
-        help="rows per worker and iteration written back before anyone needs them: dirty "
-        "rows no worker uses in the next batch (on-demand modes; docs/scheduler.md#early-"
-        "write-backs). Shrinks the final flush and checkpoint bursts; 0: off",
+        type=early_write_back,
+        default=EARLY_WRITE_BACK_ALL,
+        metavar="ROWS",
+        help=EARLY_WRITE_BACK_HELP,
     )
     p.add_argument(
         "--mode",

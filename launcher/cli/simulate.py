@@ -7,8 +7,15 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from heraldps.modes import MAX_WORKERS
-from launcher.cli.command import Command, at_least, fraction, names
+from heraldps.modes import EARLY_WRITE_BACK_ALL, MAX_WORKERS
+from launcher.cli.command import (
+    EARLY_WRITE_BACK_HELP,
+    Command,
+    at_least,
+    early_write_back,
+    fraction,
+    names,
+)
 from launcher.cli.data import add_data_arguments
 
 if TYPE_CHECKING:
@@ -30,9 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=at_least(1), default=None, help="at most this many batches")
     p.add_argument(
         "--early-write-back",
-        type=at_least(0),
-        default=0,
-        help="rows per worker and iteration written back early, as the scheduler's flag (0: off)",
+        type=early_write_back,
+        default=EARLY_WRITE_BACK_ALL,
+        metavar="ROWS",
+        help=EARLY_WRITE_BACK_HELP,
     )
     p.add_argument("--json", default=None, help="write the counts here")
 

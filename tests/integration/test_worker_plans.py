@@ -49,14 +49,14 @@ def test_plans_run_and_mismatches_are_refused(cluster: ClusterFactory) -> None:
     traffic, loss = step.run(plans[0])
     assert traffic.pulls == plans[0].pull.shape[0] > 0 and np.isfinite(loss)
     held = plans[0].pull[:3]
+    none = np.empty(0, np.int64)
     # Pulling rows the worker holds dirty is refused (their updates would be lost).
     with pytest.raises(PlanMismatch, match=r"holds dirty"):
-        step.run(replace(plans[1], pull=held))
+        step.run(replace(plans[1], pull=held, write_back=none))  # (no early write-backs)
     # Evicting a row the worker never held is refused.
     with pytest.raises(PlanMismatch, match="does not hold"):
         step.run(replace(plans[1], evict=np.array([12345], np.int64)))
     # Writing back a row that will not be dirty is refused before anything is sent.
-    none = np.empty(0, np.int64)
     assert plans[1].mini_batch is not None
     with pytest.raises(PlanMismatch, match="will not hold dirty"):
         step.run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from heraldps.errors import FailedPrecondition, InvalidArgument
 from heraldps.plan import CommPlan
+from launcher.cli.command import early_write_back
 from scheduler_service import mirror as mirror_module
 from scheduler_service import scheduler as scheduler_module
 from scheduler_service import split as split_module
@@ -50,7 +52,7 @@ def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list
     return plans + scheduler.finish()
 
 
-@pytest.mark.parametrize("early_write_back", [0, 3])
+@pytest.mark.parametrize("early_write_back", [0, 3, -1])
 @pytest.mark.parametrize("mode", list(MODES))
 @settings(max_examples=30, deadline=None)
 @given(
@@ -84,7 +86,7 @@ def test_fast_scheduler_equals_reference(
     assert fast.counts == ref.counts
 
 
-@pytest.mark.parametrize("early_write_back", [0, 4])
+@pytest.mark.parametrize("early_write_back", [0, 4, -1])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_plan_invariants(mode: str, early_write_back: int) -> None:
     """Replay plans on simple per-worker caches: every rule of the counting model holds."""
@@ -366,12 +368,24 @@ def test_early_write_backs_shrink_the_final_flush(mode: str) -> None:
     workers, capacity = 4, 5000
     batches = uniform_batches(3, 60, workers, 16, 3, 10_000)
     counts = {}
-    for rows in (0, 16, 1_000_000):
+    for rows in (0, 16, 1_000_000, -1):
         scheduler = Scheduler(workers, capacity, mode, early_write_back=rows)
         run(scheduler, batches)
         counts[rows] = scheduler.counts
     off, bounded, unbounded = counts[0], counts[16], counts[1_000_000]
+    assert counts[-1] == unbounded  # -1, the default: every idle dirty row
+    assert Scheduler(workers, capacity, mode).early_cap is None
     assert unbounded.final_flush <= 0.2 * off.final_flush
     assert unbounded.final_flush < bounded.final_flush < off.final_flush
     assert off.pulls == bounded.pulls == unbounded.pulls
     assert bounded.write_backs - off.write_backs <= 16 * workers * len(batches)
+
+
+def test_early_write_back_settings_below_minus_one_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match="early write-backs"):
+        Scheduler(2, 10, "herald", early_write_back=-2)
+    assert [early_write_back(text) for text in ("all", "off", "OFF", "7", "-1")] == [
+        -1, 0, 0, 7, -1,
+    ]  # fmt: skip
+    with pytest.raises(argparse.ArgumentTypeError):
+        early_write_back("-2")
