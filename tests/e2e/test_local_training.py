@@ -22,7 +22,7 @@ import pytest
 
 from heraldps.bundled import bundled_data
 from heraldps.job import TrainingJob
-from heraldps.modes import ALL_MODES, HERALD_MODES, MODES, PIPELINED_MODE
+from heraldps.modes import ALL_MODES, EARLY_WRITE_BACK_ALL, HERALD_MODES, MODES, PIPELINED_MODE
 from launcher.cluster import ClusterError
 from launcher.divergence import model_difference
 from launcher.local import run_mode
@@ -195,10 +195,10 @@ def test_early_write_backs_train_the_same_model(optimizer: str, tmp_path: Path) 
     batches dirtied, and the workers' counts are simulate's for the same setting."""
     job = small_job(optimizer)
     train = job.read()
-    job = replace(job, cache_rows=cache_rows_for(train, 0.3), early_write_back=1_000_000)
+    job = replace(job, cache_rows=cache_rows_for(train, 0.3), early_write_back=EARLY_WRITE_BACK_ALL)
     reference = ReferenceTrainer(job)
     reference.train(train)
-    config = SimulationConfig(str(TRAIN), "criteo", 4, 32, 0.3, ITERATIONS)
+    config = SimulationConfig(str(TRAIN), "criteo", 4, 32, 0.3, ITERATIONS, early_write_back=0)
     without = simulate(train, config)["modes"]
     predicted = simulate(train, replace(config, early_write_back=job.early_write_back))["modes"]
     for mode in ("on_demand", "herald", PIPELINED_MODE):
