@@ -288,6 +288,11 @@ def main() -> int:
         help="global batches trained per run (default 12; clicklog 30)",
     )  # fmt: skip
     group.add_argument("--batch-per-worker", type=int, default=1024, help="default 1024")
+    group.add_argument(
+        "--with-ewb-off",
+        action="store_true",
+        help="also herald and herald_pipelined with early write-backs off",
+    )
     group.add_argument("--dims", default="64", help="embedding dims, comma-separated (64)")
     group.add_argument(
         "--hidden", default="64,32", help="MLP widths; several MLPs separated by / (default 64,32)"
@@ -320,6 +325,8 @@ def main() -> int:
         rates = (2.0,)
     epochs = args.epochs or (1 if args.quick else 3)
     variants = EMBEDDINGS_VARIANTS if embeddings else CLICKLOG_VARIANTS if clicklog else VARIANTS
+    if embeddings and args.with_ewb_off:
+        variants = CLICKLOG_VARIANTS
     if embeddings:
         cases = embeddings_cases(args)
     elif clicklog:

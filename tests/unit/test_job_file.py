@@ -58,6 +58,17 @@ def test_unknown_sections_keys_and_values_are_refused_with_the_valid_ones(
         job_file.from_dict(raw)
 
 
+def test_early_write_back_is_all_off_or_a_row_count() -> None:
+    assert job_file.from_dict(SMALL).job.early_write_back == -1  # the default: all
+    for value, rows in (("all", -1), ("off", 0), (16, 16)):
+        raw = {**SMALL, "cluster": {**SMALL["cluster"], "early_write_back": value}}
+        assert job_file.from_dict(raw).job.early_write_back == rows
+    for bad in ("some", 1.5, True, -3):
+        raw = {**SMALL, "cluster": {**SMALL["cluster"], "early_write_back": bad}}
+        with pytest.raises(InvalidArgument, match="early"):
+            job_file.from_dict(raw)
+
+
 def test_batch_norm_passes_through() -> None:
     raw = {**SMALL, "model": {**SMALL["model"], "batch_norm": True}}
     assert job_file.from_dict(raw).job.batch_norm
