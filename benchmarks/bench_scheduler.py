@@ -38,7 +38,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from heraldps.modes import EARLY_WRITE_BACK_ALL
 from heraldps.runtime import tune_malloc
+from launcher.cli.command import early_write_back
 from scheduler_service import split
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import STAGES, Scheduler
@@ -74,16 +76,19 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q))
 
 
-def measure(workers: int, per_worker: int, count: int, hint: bool) -> dict[str, object]:
+def measure(
+    workers: int, per_worker: int, count: int, hint: bool, early: int = EARLY_WRITE_BACK_ALL
+) -> dict[str, object]:
     capacity = int(0.1 * sum(CRITEO_CARDINALITIES))
     data = zipf_batches(count, workers, per_worker, seed=workers)
     # The first pass a job with a keyset knows the answer of: distinct keys of the run.
     expected = int(np.unique(np.concatenate([b.keys for b in data])).shape[0]) if hint else 0
-    warm = Scheduler(workers, capacity, "herald")  # compile or load the kernels
+    warm = Scheduler(workers, capacity, "herald", early_write_back=early)  # compile/load kernels
     for batch in zipf_batches(2, workers, per_worker, seed=workers + 1000):
         warm.submit(batch)
     del warm
-    planner = Scheduler(workers, capacity, "herald", expected_keys=expected)
+    planner = Scheduler(workers, capacity, "herald", expected_keys=expected,
+                        early_write_back=early)  # fmt: skip
     times, floor = [], []
     stages: dict[str, list[float]] = {name: [] for name in STAGES}
     for batch in data:
@@ -138,12 +143,14 @@ def main() -> int:
     parser.add_argument("--no-hint", action="store_true",
                         help="do not tell the scheduler the run's distinct-key count")  # fmt: skip
     parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--early-write-back", type=early_write_back, default=EARLY_WRITE_BACK_ALL,
+                        help="the scheduler's setting: all (the default), off or rows")  # fmt: skip
     args = parser.parse_args()
     split.FORCE_HELPER = {"auto": None, "1": False, "2": True}[args.threads]
     tune_malloc()  # as every heraldps process does at start (the scheduler service too)
     load_before = os.getloadavg()
     rows = [
-        measure(w, b, quick if args.quick else full, not args.no_hint)
+        measure(w, b, quick if args.quick else full, not args.no_hint, args.early_write_back)
         for w, b, full, quick in SHAPES
     ]
     load_after = os.getloadavg()

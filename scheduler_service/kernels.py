@@ -522,3 +522,60 @@ def group_by_worker(workers, keys, num_workers):  # type: ignore[no-untyped-def]
         grouped[fill[workers[q]]] = keys[q]
         fill[workers[q]] += 1
     return offsets, grouped
+
+
+# ----- early write-backs (Scheduler._early_write_backs) ----------------------------
+@njit(nogil=True)
+def single_trainer_kids(info, trainers):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Kids of the batch's keys one worker trains (its ``update_local`` rows)."""
+    nb = info.shape[0]
+    out = np.empty(nb, dtype=np.int64)
+    n = 0
+    for q in range(nb):
+        t = trainers[q]
+        if t != 0 and (t & (t - np.uint64(1))) == 0:
+            out[n] = np.int64(info[q, KID])
+            n += 1
+    return out[:n]
+
+
+@njit(nogil=True)
+def idle_dirty(records, key_of, info, examine, trained, marks, clean):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Of the kids ``examine`` (distinct), the rows dirty now that no worker uses in the
+    batch of ``info`` (its lid in R_META names it there) and that are not in ``trained``
+    (kids updated in the previous iteration, distinct): (owners, keys, kids) of those, and
+    the kids still dirty but used in the batch. Rows in ``trained`` are skipped: the caller
+    keeps them as candidates anyway. ``marks`` (bool, kid-indexed, all False) is left so.
+    With ``clean``, the rows returned are marked clean here; otherwise nothing in the
+    mirror changes. One pass, no sort, no hash lookup."""
+    nb = info.shape[0]
+    for q in range(trained.shape[0]):
+        marks[trained[q]] = True
+    n = examine.shape[0]
+    owners = np.empty(n, dtype=np.int64)
+    keys = np.empty(n, dtype=np.int64)
+    kids = np.empty(n, dtype=np.int64)
+    left = np.empty(n, dtype=np.int64)
+    taken = kept = 0
+    for q in range(n):
+        kid = examine[q]
+        if marks[kid]:
+            continue
+        meta = records[kid, R_META]
+        owner = np.int64(meta >> _OWNER_SHIFT) - 1
+        if owner < 0:
+            continue
+        lid = np.int64(meta & LID_BITS)
+        if lid < nb and np.int64(info[lid, KID]) == kid:
+            left[kept] = kid
+            kept += 1
+            continue
+        owners[taken] = owner
+        keys[taken] = key_of[kid]
+        kids[taken] = kid
+        taken += 1
+        if clean:
+            records[kid, R_META] = meta & LID_BITS
+    for q in range(trained.shape[0]):
+        marks[trained[q]] = False
+    return owners[:taken], keys[:taken], kids[:taken], left[:kept]

@@ -147,6 +147,7 @@ class CacheMirror:
         self._distinct = 0  # distinct keys the scratch table saw last
         self._gen = 0  # generation of the scratch table's live entries (0: none)
         self._scratch: dict[str, npt.NDArray[np.int64]] = {}
+        self._mark_array = np.zeros(0, bool)  # see _marks
         self.samples_seen = 0
         self.batches_seen = 0
         self.forgotten = 0  # keys dropped because no cache held them any more
@@ -226,29 +227,42 @@ class CacheMirror:
         return owners[kids], self.key_of[kids].copy()
 
     def take_idle_dirty(
-        self, candidates: npt.NDArray[np.int64], busy: npt.NDArray[np.int64], limit: int | None
+        self,
+        examine: npt.NDArray[np.int64],
+        info: npt.NDArray[np.uint64],
+        trained: npt.NDArray[np.int64],
+        limit: int | None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(owner, key) of up to ``limit`` (None: every) dirty rows per worker among the
-        kids ``candidates`` (distinct; a superset of the dirty rows) whose kid is not in
-        ``busy``, lowest keys first, now marked clean: written back early, each stays
-        cached at its owner as the valid copy it is (holders do not change), so its next
-        local use needs no pull and a later update makes it dirty again
-        (docs/scheduler.md#early-write-backs). Third: the candidates still dirty."""
-        meta = self.records[candidates, kernels.R_META]
-        owners = (meta >> np.uint64(32)).astype(np.int64) - 1
-        dirty = owners >= 0
-        idle = dirty & ~np.isin(candidates, busy)
-        kids, own = candidates[idle], owners[idle]
-        keys = self.key_of[kids]
-        order = np.lexsort((keys, own))
-        kids, own, keys = kids[order], own[order], keys[order]
-        if limit is not None:
+        kids ``examine`` that no worker uses in the batch of ``info`` and that are not in
+        ``trained`` (updated in the iteration before it), now marked clean: written back
+        early, each stays cached at its owner as the valid copy it is (holders do not
+        change), so its next local use needs no pull and a later update makes it dirty
+        again (docs/scheduler.md#early-write-backs). With a limit, each worker's lowest
+        keys go first. Third: the kids to examine next time (still dirty, or in
+        ``trained``). Linear in ``examine`` and ``trained`` (``kernels.idle_dirty``)."""
+        size = int(max(examine.max(initial=-1), trained.max(initial=-1))) + 1
+        owners, keys, kids, left = kernels.idle_dirty(
+            self.records, self.key_of, info, examine, trained, self._marks(size), limit is None
+        )
+        if limit is None:
+            return owners, keys, np.concatenate([left, trained])
+        if owners.shape[0]:
+            order = np.lexsort((keys, owners))
+            own = owners[order]
             rank = np.arange(own.shape[0]) - np.searchsorted(own, own, side="left")
-            keep = rank < limit
-            kids, own, keys = kids[keep], own[keep], keys[keep]
+            keep, later = order[rank < limit], order[rank >= limit]
+            left = np.concatenate([left, kids[later]])
+            owners, keys, kids = owners[keep], keys[keep], kids[keep]
         self.records[kids, kernels.R_META] &= kernels.LID_BITS
-        left = candidates[dirty]
-        return own, keys.copy(), left[~np.isin(left, kids)]
+        return owners, keys, np.concatenate([left, trained])
+
+    def _marks(self, size: int) -> npt.NDArray[np.bool_]:
+        """A kid-indexed array of False, at least ``size`` long; callers set marks and
+        clear them again before they return."""
+        if self._mark_array.shape[0] < size:
+            self._mark_array = np.zeros(max(size, 2 * self._mark_array.shape[0]), bool)
+        return self._mark_array
 
     def cached_keys(self, worker: int) -> npt.NDArray[np.int64]:
         """The keys ``worker`` caches, from the head of its ring (next to come round)."""

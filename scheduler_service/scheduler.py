@@ -280,8 +280,10 @@ class Scheduler:
         # (``early_cap`` rows per worker and iteration, None: every idle dirty row) or off.
         self.early_write_back = early_write_back != 0 and fields.on_demand_sync
         self.early_cap = early_cap
-        # Kids that may be dirty: every row made dirty since, and those left dirty last time.
+        # Kids that may be dirty: those left dirty last time and every row made dirty since
+        # (``_trained_kids``: updated locally in the last planned iteration).
         self._dirty_candidates = np.empty(0, np.int64)
+        self._trained_kids = np.empty(0, np.int64)
         self.next_iteration: int | None = None
         self._pending: list[CommPlan] = []
         self.helper = HelperChoice()
@@ -334,10 +336,14 @@ class Scheduler:
                 [prev_workers, np.repeat(np.arange(n, dtype=np.int64), counts[:, 4])]
             )
             prev_keys = np.concatenate([prev_keys, dirty])
-        if self.early_write_back and self._pending:
-            early_workers, early_keys = self._early_write_backs(info)
-            prev_workers = np.concatenate([prev_workers, early_workers])
-            prev_keys = np.concatenate([prev_keys, early_keys])
+        if self.early_write_back:
+            if self._pending:
+                early_workers, early_keys = self._early_write_backs(info)
+                prev_workers = np.concatenate([prev_workers, early_workers])
+                prev_keys = np.concatenate([prev_keys, early_keys])
+            else:  # the first batch, or one after a flush: no row was dirty before it
+                self._dirty_candidates = np.empty(0, np.int64)
+            self._trained_kids = kernels.single_trainer_kids(info, trainers)
         self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
@@ -381,20 +387,15 @@ class Scheduler:
     def _early_write_backs(
         self, info: npt.NDArray[np.uint64]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """(worker, key) of the dirty rows the pending plans write back early: up to
-        ``early_write_back`` per worker, lowest keys first, of the rows dirty at the end of
-        their iteration that no worker uses in the next batch (``info``: its keys) and
-        that their owner did not update in that iteration (it may soon again). Called once
-        the next batch's keys are touched and its evictions listed."""
-        trained = np.concatenate([plan.update_local for plan in self._pending])
-        trained_kids = self.mirror.index.lookup(trained)
-        trained_kids = trained_kids[trained_kids >= 0]
-        busy = np.concatenate([info[:, kernels.KID].astype(np.int64), trained_kids])
-        # Rows get dirty only by a local update: the candidates are the pending plans'
-        # (a batch's worth), not a scan of every row the mirror knows.
-        candidates = np.unique(np.concatenate([self._dirty_candidates, trained_kids]))
+        """(worker, key) of the dirty rows the pending plans write back early: up to the
+        cap per worker (lowest keys first), of the rows dirty at the end of their iteration
+        that no worker uses in the next batch (``info``: its keys) and that their owner did
+        not update in that iteration (it may soon again). Called once the next batch's keys
+        are touched and its evictions listed. Rows get dirty only by a local update, so
+        the rows examined are those of earlier plans left dirty, never a scan of every row
+        the mirror knows."""
         owners, keys, self._dirty_candidates = self.mirror.take_idle_dirty(
-            candidates, busy, self.early_cap
+            self._dirty_candidates, info, self._trained_kids, self.early_cap
         )
         return owners, keys
 
