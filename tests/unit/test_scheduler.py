@@ -86,13 +86,16 @@ def test_fast_scheduler_equals_reference(
     assert fast.counts == ref.counts
 
 
+@pytest.mark.parametrize("checkpoint_every", [0, 4])
 @pytest.mark.parametrize("early_write_back", [0, 4, -1])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_plan_invariants(mode: str, early_write_back: int) -> None:
-    """Replay plans on simple per-worker caches: every rule of the counting model holds."""
+def test_plan_invariants(mode: str, early_write_back: int, checkpoint_every: int) -> None:
+    """Replay plans on simple per-worker caches: every rule of the counting model holds,
+    checkpoints (every dirty row written back) among early write-backs included."""
     workers, per_worker, capacity = 4, 8, 40
     batches = random_batches(7, 30, workers, per_worker, 5, 120)
-    scheduler = Scheduler(workers, capacity, mode, early_write_back=early_write_back)
+    scheduler = Scheduler(workers, capacity, mode, checkpoint_every=checkpoint_every,
+                          early_write_back=early_write_back)  # fmt: skip
     plans = run(scheduler, batches)
     caches: list[dict[int, tuple[int, bool]]] = [
         {} for _ in range(workers)
@@ -146,6 +149,8 @@ def test_plan_invariants(mode: str, early_write_back: int) -> None:
                 assert dirty
                 caches[p.worker][k] = (version, False)
                 ps[k] = version
+        if group[0].checkpoint:  # the PS alone holds the model once a checkpoint commits
+            assert not any(dirty for cache in caches for _, dirty in cache.values())
     flush = sum(dirty for cache in caches for _, dirty in cache.values())
     assert flush == scheduler.counts.final_flush
     if mode in ("naive", "location_aware"):
