@@ -49,7 +49,9 @@ def small_job(optimizer: str) -> TrainingJob:
     return replace(job, cache_rows=cache_rows_for(job.read(), 0.03))
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+# SGD (no state) and Adam (two state columns); AdaGrad, the default optimizer, trains the
+# single-process model in most other e2e tests (resume, divergence, reproducibility, l2).
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_every_mode_trains_the_single_process_model(optimizer: str, tmp_path: Path) -> None:
     job = small_job(optimizer)
     train = job.read()
@@ -190,9 +192,9 @@ def test_a_dead_worker_or_shard_fails_the_run_with_a_message(victim: str, tmp_pa
 # (the plans are the same for every optimizer; tests/unit/test_scheduler.py checks them).
 @pytest.mark.parametrize("optimizer", ["adam"])
 def test_early_write_backs_train_the_same_model(optimizer: str, tmp_path: Path) -> None:
-    """With early write-backs (a cache large enough for dirty rows to pile up) the on-demand
-    modes end with the single-process model, the final flush shrinks to what the last
-    batches dirtied, and the workers' counts are simulate's for the same setting."""
+    """With early write-backs (a cache large enough for dirty rows to pile up) the final
+    flush of every on-demand mode shrinks to what the last batches dirtied, and a live
+    herald_pipelined run ends with the single-process model and simulate's counts."""
     job = small_job(optimizer)
     train = job.read()
     job = replace(job, cache_rows=cache_rows_for(train, 0.3), early_write_back=EARLY_WRITE_BACK_ALL)
@@ -203,11 +205,14 @@ def test_early_write_backs_train_the_same_model(optimizer: str, tmp_path: Path) 
     predicted = simulate(train, replace(config, early_write_back=job.early_write_back))["modes"]
     for mode in ("on_demand", "herald", PIPELINED_MODE):
         assert predicted[mode]["final_flush"] <= 0.2 * without[mode]["final_flush"], mode
-        result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
-        versions = assert_matches_reference(result.model, reference, mode)
-        assert np.array_equal(result.model["versions"], versions), mode
-        assert ps_agrees(result), (mode, result.traffic, result.ps_counted)
-        live, expected = result.traffic, predicted[mode]
-        assert live["pulls"] == expected["pulls"], mode
-        assert live["grad_pushes"] + live["write_backs"] == expected["pushes"], mode
-        assert live["final_flush"] == expected["final_flush"], mode
+    # Live: the pipelined mode (Herald's plans, early pulls and idle-link write-backs); every
+    # mode runs with early write-backs, the default, in the tests above at a 3% cache.
+    mode = PIPELINED_MODE
+    result = run_mode(job, mode, 2, train, None, tmp_path / mode, keep_model=True)
+    versions = assert_matches_reference(result.model, reference, mode)
+    assert np.array_equal(result.model["versions"], versions)
+    assert ps_agrees(result), (result.traffic, result.ps_counted)
+    live, expected = result.traffic, predicted[mode]
+    assert live["pulls"] == expected["pulls"]
+    assert live["grad_pushes"] + live["write_backs"] == expected["pushes"]
+    assert live["final_flush"] == expected["final_flush"]
