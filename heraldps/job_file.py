@@ -16,7 +16,7 @@ from typing import Any
 
 from heraldps.errors import InvalidArgument
 from heraldps.job import TrainingJob
-from heraldps.modes import EARLY_WRITE_BACK_ALL
+from heraldps.modes import early_write_back_setting
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "data": (
@@ -268,7 +268,9 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> JobFile:
     if "batch_norm" in model:
         params["batch_norm"] = bool(model["batch_norm"])
     if "early_write_back" in cl:
-        params["early_write_back"] = _early_write_back(cl["early_write_back"])
+        params["early_write_back"] = early_write_back_setting(
+            cl["early_write_back"], "cluster.early_write_back"
+        )
     job = TrainingJob(**params)
     output = out.get("dir")
     if output is not None:
@@ -298,18 +300,6 @@ def row_split(jf: JobFile) -> RowSplit | None:
     total = count_rows(jf.job.data_spec())
     valid, test = int(total * s.valid_fraction), int(total * s.test_fraction)
     return RowSplit(total, total - valid - test, valid, test)
-
-
-def _early_write_back(value: object) -> int:
-    """``cluster.early_write_back``: all (-1), off (0) or rows per worker and iteration."""
-    named = {"all": EARLY_WRITE_BACK_ALL, "off": 0}
-    if isinstance(value, str) and value.strip().lower() in named:
-        return named[value.strip().lower()]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(
-            f"cluster.early_write_back must be all, off or a number of rows, got {value!r}"
-        )
-    return value
 
 
 def training_split(jf: JobFile) -> TrainingJob:

@@ -108,6 +108,17 @@ def early_write_back_cap(rows: int) -> int | None:
     return None if rows == EARLY_WRITE_BACK_ALL else rows
 
 
+def early_write_back_setting(value: object, name: str = "early_write_back") -> int:
+    """A setting as a job file or a flag gives it (``name`` in the error): ``all`` (-1),
+    ``off`` (0) or an int, rows per worker and iteration; anything else is refused."""
+    named = {"all": EARLY_WRITE_BACK_ALL, "off": 0}
+    if isinstance(value, str) and value.strip().lower() in named:
+        return named[value.strip().lower()]
+    if isinstance(value, bool) or not isinstance(value, int) or value < EARLY_WRITE_BACK_ALL:
+        raise InvalidArgument(f"{name} must be all, off or a number of rows, got {value!r}")
+    return value
+
+
 # The scheduler keeps one bit per worker in its cache-mirror masks (uint64).
 MAX_WORKERS = 64
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from heraldps.errors import HeraldError, InvalidArgument, error_from_rpc
-from heraldps.modes import EARLY_WRITE_BACK_ALL
+from heraldps.modes import EARLY_WRITE_BACK_ALL, early_write_back_setting
 from heraldps.ports import MAX_PORT
 
 USAGE_ERROR = 2  # argparse's code for a bad command line; ours for a bad configuration
@@ -87,19 +87,26 @@ def names(text: str | None) -> tuple[str, ...] | None:
 
 def early_write_back(text: str) -> int:
     """``--early-write-back``: ``all`` (-1, every idle dirty row), ``off`` (0) or a number
-    of rows per worker and iteration."""
-    named = {"all": EARLY_WRITE_BACK_ALL, "off": 0}
-    if text.strip().lower() in named:
-        return named[text.strip().lower()]
-    return at_least(EARLY_WRITE_BACK_ALL)(text)
+    of rows per worker and iteration (``heraldps.modes.early_write_back_setting``)."""
+    number = text.strip().removeprefix("-").isdigit()
+    try:
+        return early_write_back_setting(int(text) if number else text, "--early-write-back")
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-EARLY_WRITE_BACK_HELP = (
-    "dirty rows written back early, per worker and iteration: rows no worker uses in the "
-    "next batch and their owner did not update in its iteration (on-demand modes; "
-    "docs/scheduler.md#early-write-backs). Shrinks the final flush and checkpoint bursts: "
-    "all (-1, the default), off (0) or a number of rows"
-)
+def add_early_write_back_argument(p: argparse.ArgumentParser) -> None:
+    """``--early-write-back`` as ``scheduler``, ``simulate`` and ``local`` take it."""
+    p.add_argument(
+        "--early-write-back",
+        type=early_write_back,
+        default=EARLY_WRITE_BACK_ALL,
+        metavar="ROWS",
+        help="dirty rows written back early, per worker and iteration: rows no worker uses "
+        "in the next batch and their owner did not update in its iteration (on-demand "
+        "modes; docs/scheduler.md#early-write-backs). Shrinks the final flush and checkpoint "
+        "bursts: all (-1, the default), off (0) or a number of rows",
+    )
 
 
 def at_least(low: int, high: int | None = None) -> Callable[[str], int]:

@@ -11,13 +11,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from heraldps.activations import ACTIVATIONS
-from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, EARLY_WRITE_BACK_ALL, MAX_WORKERS
+from heraldps.modes import ALL_MODES, DEFAULT_LOCAL_MODES, MAX_WORKERS
 from heraldps.optim import OPTIMIZERS
 from launcher.cli.command import (
-    EARLY_WRITE_BACK_HELP,
     Command,
+    add_early_write_back_argument,
     at_least,
-    early_write_back,
     fraction,
     names,
     non_negative,
@@ -76,13 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.1,
         help="cache rows per worker = floor(fraction x distinct training keys), 0 < f <= 1",
     )
-    p.add_argument(
-        "--early-write-back",
-        type=early_write_back,
-        default=EARLY_WRITE_BACK_ALL,
-        metavar="ROWS",
-        help=EARLY_WRITE_BACK_HELP,
-    )
+    add_early_write_back_argument(p)
     p.add_argument("--optimizer", default="adagrad", choices=tuple(OPTIMIZERS), help="optimizer")
     p.add_argument(
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from heraldps.modes import EARLY_WRITE_BACK_ALL, MAX_WORKERS
+from heraldps.modes import MAX_WORKERS
 from launcher.cli.command import (
-    EARLY_WRITE_BACK_HELP,
     Command,
     add_admission_arguments,
+    add_early_write_back_argument,
     add_server_arguments,
     addresses,
     at_least,
-    early_write_back,
     non_negative,
 )
 from launcher.cli.security_flags import (
@@ -37,13 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "sizes the cache mirror up front so planning never stalls on its growth; 0: unknown "
         "(structures double as they fill)",
     )
-    p.add_argument(
-        "--early-write-back",
-        type=early_write_back,
-        default=EARLY_WRITE_BACK_ALL,
-        metavar="ROWS",
-        help=EARLY_WRITE_BACK_HELP,
-    )
+    add_early_write_back_argument(p)
     p.add_argument(
         "--mode",
         default="herald",

@@ -7,12 +7,11 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from heraldps.modes import EARLY_WRITE_BACK_ALL, MAX_WORKERS
+from heraldps.modes import MAX_WORKERS
 from launcher.cli.command import (
-    EARLY_WRITE_BACK_HELP,
     Command,
+    add_early_write_back_argument,
     at_least,
-    early_write_back,
     fraction,
     names,
 )
@@ -35,13 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cache rows per worker = floor(fraction x distinct keys in the file), 0 < f <= 1",
     )
     p.add_argument("--iterations", type=at_least(1), default=None, help="at most this many batches")
-    p.add_argument(
-        "--early-write-back",
-        type=early_write_back,
-        default=EARLY_WRITE_BACK_ALL,
-        metavar="ROWS",
-        help=EARLY_WRITE_BACK_HELP,
-    )
+    add_early_write_back_argument(p)
     p.add_argument("--json", default=None, help="write the counts here")
 
 
