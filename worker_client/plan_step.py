@@ -66,7 +66,8 @@ class PlanStep(Step):
         sends = Sends()
         # Rows this iteration does not train are final already: they leave now, while the
         # outbound link would idle through the pulls and the forward and backward passes.
-        idle = plan.write_back[~np.isin(plan.write_back, mb.keys)]
+        trained_here = np.isin(plan.write_back, mb.keys)
+        idle = plan.write_back[~trained_here]
         idle_rows = self._write_back_idle(sends, idle) if idle.shape[0] else None
         if plan.evict.shape[0]:
             self._check_evictions(plan)
@@ -101,7 +102,7 @@ class PlanStep(Step):
                 cache.mark_trained(slots[local], emb_grad[self.xp.asarray(local)],
                                    scaled(self.optimizer, plan.lr_scale))  # fmt: skip
         traffic.write_backs += plan.write_back.shape[0]
-        written = plan.write_back[np.isin(plan.write_back, mb.keys)]
+        written = plan.write_back[trained_here]
         if plan.final_flush:  # every row still dirty, with the plan's write-backs: one request
             flush = np.setdiff1d(cache.dirty_keys(), plan.write_back, assume_unique=True)
             written = np.concatenate([written, flush])
