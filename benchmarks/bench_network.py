@@ -72,6 +72,7 @@ from heraldps.job import TrainingJob
 from heraldps.modes import EARLY_WRITE_BACK_ALL
 from launcher.cli.data import first_pass
 from launcher.local import ModeResult, run_local
+from launcher.plot import headless_pyplot
 from scheduler_service.simulate import cache_rows_for
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -105,11 +106,11 @@ EMBEDDINGS_VARIANTS = (
     Variant("herald", "herald"),
     Variant("herald_pipelined", "herald_pipelined"),
 )
-CLICKLOG_VARIANTS = (
-    *EMBEDDINGS_VARIANTS,
+EWB_OFF_VARIANTS = (  # as before issue 25: early write-backs off
     Variant("herald ewb off", "herald", early_write_back=0),
     Variant("herald_pipelined ewb off", "herald_pipelined", early_write_back=0),
 )
+CLICKLOG_VARIANTS = (*EMBEDDINGS_VARIANTS, *EWB_OFF_VARIANTS)
 CLICKLOG_DATA = Path("/tmp/netbench/clicklog.csv")
 CLICKLOG_FIELDS = ("user", "item", "publisher", "hour", "device")
 
@@ -326,7 +327,7 @@ def main() -> int:
     epochs = args.epochs or (1 if args.quick else 3)
     variants = EMBEDDINGS_VARIANTS if embeddings else CLICKLOG_VARIANTS if clicklog else VARIANTS
     if embeddings and args.with_ewb_off:
-        variants = CLICKLOG_VARIANTS
+        variants = (*EMBEDDINGS_VARIANTS, *EWB_OFF_VARIANTS)
     if embeddings:
         cases = embeddings_cases(args)
     elif clicklog:
@@ -475,15 +476,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     data = sorted({r["data"] for r in rows})
     fig, axes = plt.subplots(1, len(data), figsize=(7 * len(data), 4.8), squeeze=False)
     for ax, name in zip(axes[0], data, strict=True):
-        for variant in (*VARIANTS, *CLICKLOG_VARIANTS[len(EMBEDDINGS_VARIANTS) :]):
+        for variant in (*VARIANTS, *EWB_OFF_VARIANTS):
             points = sorted((r["link_mbit"], r["samples_per_second"]) for r in rows
                             if r["data"] == name and r["variant"] == variant.name)  # fmt: skip
             if points:
@@ -517,10 +515,7 @@ def crossover_points(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, 
 
 def plot_crossover(rows: list[dict[str, Any]], path: Path) -> None:
     """Herald's whole-run speed-up over naive against the embedding share of the bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.8))
     for label, points in crossover_points(rows).items():

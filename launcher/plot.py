@@ -9,12 +9,20 @@ from launcher.local import ModeResult, median_phases
 from worker_client.timing import PHASES
 
 
-def write_plot(results: dict[str, ModeResult], path: str) -> None:
-    """Write the curves and the time breakdown as a PNG (matplotlib, imported only here)."""
+def headless_pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing to files (the Agg backend), imported on first use:
+    matplotlib costs start-up time that only plotting commands should pay."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plot(results: dict[str, ModeResult], path: str) -> None:
+    """Write the curves and the time breakdown as a PNG (matplotlib, imported only here)."""
+    plt = headless_pyplot()
 
     fig, (traffic_ax, loss_ax, time_ax) = plt.subplots(1, 3, figsize=(17, 4.8))
     for mode, result in results.items():

@@ -60,6 +60,7 @@ from launcher.local import (
     evaluate,
     restarting,
 )
+from launcher.plot import headless_pyplot
 from launcher.train_state import Epoch, TrainState
 from worker_client.evaluation import auc, logloss
 from worker_client.minibatch import global_batches
@@ -599,10 +600,7 @@ def shuffle_setting(schedule: Schedule, rows: int) -> str:
 
 def write_curves(epochs: list[Epoch], best: int, path: Path) -> None:
     """Train loss and validation logloss, validation AUC, and samples/s per epoch (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = headless_pyplot()
 
     x = [e.epoch for e in epochs]
     fig, (loss_ax, auc_ax, speed_ax) = plt.subplots(1, 3, figsize=(15, 4.2))
