@@ -119,6 +119,23 @@ def early_write_back_setting(value: object, name: str = "early_write_back") -> i
     return value
 
 
+MAX_LOOK_AHEAD = 32
+"""The most batches a scheduler may see ahead of the plan it releases (it holds them)."""
+
+
+def check_look_ahead(batches: object, name: str = "look_ahead") -> int:
+    """A look-ahead setting (``name`` in the error): how many batches the scheduler sees
+    beyond the plan it releases, 1 (today's one batch, the default) to ``MAX_LOOK_AHEAD``.
+    Anything else is refused with a message that says what to pass."""
+    if isinstance(batches, bool) or not isinstance(batches, int):
+        raise InvalidArgument(f"{name} must be a whole number of batches, got {batches!r}")
+    if not 1 <= batches <= MAX_LOOK_AHEAD:
+        raise InvalidArgument(
+            f"{name} must be 1 (one batch, the default) to {MAX_LOOK_AHEAD} batches, got {batches}"
+        )
+    return batches
+
+
 # The scheduler keeps one bit per worker in its cache-mirror masks (uint64).
 MAX_WORKERS = 64
 

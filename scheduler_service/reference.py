@@ -16,7 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from heraldps.errors import InvalidArgument
-from heraldps.modes import EARLY_WRITE_BACK_ALL, early_write_back_cap, mode_named
+from heraldps.modes import (
+    EARLY_WRITE_BACK_ALL,
+    check_look_ahead,
+    early_write_back_cap,
+    mode_named,
+)
 from heraldps.plan import CommPlan
 from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
@@ -39,8 +44,10 @@ class ReferenceScheduler:
         sync: str,
         early: bool = False,
         early_write_back: int = EARLY_WRITE_BACK_ALL,
+        look_ahead: int = 1,
     ) -> None:
         self.num_workers = num_workers
+        self.look_ahead = check_look_ahead(look_ahead)
         # Rows per worker written back early (dirty, unused in the next batch, not
         # updated in their own iteration), lowest keys first: up to ``early_cap`` (None:
         # every one), or none.
@@ -68,11 +75,12 @@ class ReferenceScheduler:
         capacity: int,
         mode: str,
         early_write_back: int = EARLY_WRITE_BACK_ALL,
+        look_ahead: int = 1,
     ) -> ReferenceScheduler:
         fields = mode_named(mode)
         sync = "on_demand" if fields.on_demand_sync else "naive"
         return cls(num_workers, capacity, fields.partitioner, sync, early=fields.early_pulls,
-                   early_write_back=early_write_back)  # fmt: skip
+                   early_write_back=early_write_back, look_ahead=look_ahead)  # fmt: skip
 
     def valid(self, worker: int, key: int) -> bool:
         row = self.caches[worker].get(key)

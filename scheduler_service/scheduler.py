@@ -31,6 +31,7 @@ from heraldps.modes import (
     HET_MODE,
     LOCATION_AWARE,
     SEQUENTIAL,
+    check_look_ahead,
     early_write_back_cap,
     mode_named,
 )
@@ -264,9 +265,11 @@ class Scheduler:
         checkpoint_every: int = 0,
         expected_keys: int = 0,
         early_write_back: int = EARLY_WRITE_BACK_ALL,
+        look_ahead: int = 1,
     ) -> None:
         fields = mode_named(mode)
         early_cap = early_write_back_cap(early_write_back)
+        self.look_ahead = check_look_ahead(look_ahead)
         if not fields.plans_rows:
             raise InvalidArgument(f"mode {mode!r} plans samples only; use make_scheduler")
         self.mode = mode
@@ -570,13 +573,17 @@ def make_scheduler(
     checkpoint_every: int = 0,
     expected_keys: int = 0,
     early_write_back: int = EARLY_WRITE_BACK_ALL,
+    look_ahead: int = 1,
 ) -> Scheduler | SampleScheduler:
     """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``.
 
     ``expected_keys`` (0: unknown) sizes the mirror's key index and records up front;
     ``early_write_back``: rows per worker and iteration written back early (-1: every
-    idle dirty row; 0: none)."""
+    idle dirty row; 0: none); ``look_ahead``: batches the scheduler sees beyond the plan
+    it releases (1 to ``heraldps.modes.MAX_LOOK_AHEAD``; HET plans samples only and
+    ignores it)."""
+    check_look_ahead(look_ahead)
     if mode_named(mode).het:
         return SampleScheduler(num_workers, capacity, checkpoint_every)
     return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys,
-                     early_write_back)  # fmt: skip
+                     early_write_back, look_ahead)  # fmt: skip
