@@ -373,16 +373,18 @@ def _grown_ring(ring, head, used, size):  # type: ignore[no-untyped-def]  # prag
 @njit(nogil=True)
 def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
     first, last, wl_offsets, info, trainers, ops, inserts, capacity, rings, heads, used, flat,
-    key_of, out_keys, counts, scratch,
+    key_of, window, out_keys, counts, scratch,
 ):  # fmt: skip
     """Workers ``first..last-1``: make room for the keys each inserts, then list the plans.
 
     Each worker's cache is a CLOCK: a ring of the keys it caches in insertion order.
     Room is made at the head: a key the worker trains in this batch goes round again, as
-    does one whose reference bit is set (the bit is cleared); any other is evicted. The
-    inserted keys then join at the tail. Workers are independent except for the bits they
-    clear in evicted keys' shared words, which are cleared atomically, so two calls on
-    disjoint ranges of workers may run at once. ``flat``: the records as one uint64
+    does one whose reference bit is set (the bit is cleared), and one a batch behind this
+    one uses (``window``, kid-indexed marks; kids past its end are unmarked), at most as
+    many of those as the worker cached when the batch came (one revolution); any other is
+    evicted. The inserted keys then join at the tail. Workers are independent except for
+    the bits they clear in evicted keys' shared words, which are cleared atomically, so two
+    calls on disjoint ranges of workers may run at once. ``flat``: the records as one uint64
     array (``records.reshape(-1)``).
 
     A worker's keys are listed in lid order (first occurrence in the batch), from one
@@ -425,6 +427,7 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
         nev = start
         ndirty = start
         ngone = start
+        spare = n  # second chances left for keys the window uses
         while need > 0:
             v = np.int64(ring[head])
             head = (head + 1) & mask
@@ -437,6 +440,10 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
                 if not mine:
                     atomic_and(flat, v * RECORD_FIELDS + R_REFERENCED, clear)
                 ring[(head + n - 1) & mask] = np.int32(v)  # round again, at the tail
+                continue
+            if spare > 0 and v < window.shape[0] and window[v]:
+                spare -= 1
+                ring[(head + n - 1) & mask] = np.int32(v)
                 continue
             was_cached = atomic_and(flat, v * RECORD_FIELDS + R_CACHED, clear)
             atomic_and(flat, v * RECORD_FIELDS + R_HOLDERS, clear)
@@ -540,9 +547,10 @@ def single_trainer_kids(info, trainers):  # type: ignore[no-untyped-def]  # prag
 
 
 @njit(nogil=True)
-def idle_dirty(records, key_of, info, examine, trained, marks, clean):  # type: ignore[no-untyped-def]  # pragma: no cover
+def idle_dirty(records, key_of, info, window, examine, trained, marks, clean):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Of the kids ``examine`` (distinct), the rows dirty now that no worker uses in the
-    batch of ``info`` (its lid in R_META names it there) and that are not in ``trained``
+    batch of ``info`` (its lid in R_META names it there) nor in the batches behind it
+    (``window``, kid-indexed, kids past its end unmarked) and that are not in ``trained``
     (kids updated in the previous iteration, distinct): (owners, keys, kids) of those, and
     the kids still dirty but used in the batch. Rows in ``trained`` are skipped: the caller
     keeps them as candidates anyway. ``marks`` (bool, kid-indexed, all False) is left so.
@@ -566,7 +574,9 @@ def idle_dirty(records, key_of, info, examine, trained, marks, clean):  # type: 
         if owner < 0:
             continue
         lid = np.int64(meta & LID_BITS)
-        if lid < nb and np.int64(info[lid, KID]) == kid:
+        if (lid < nb and np.int64(info[lid, KID]) == kid) or (
+            kid < window.shape[0] and window[kid]
+        ):
             left[kept] = kid
             kept += 1
             continue

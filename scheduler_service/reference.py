@@ -66,6 +66,7 @@ class ReferenceScheduler:
         self.latest: dict[int, int] = {}  # newest version of a key anywhere
         self.ps_version: dict[int, int] = {}  # version the PS holds
         self.pending: list[CommPlan] = []  # plans of the previous iteration (write-backs open)
+        self.ahead: list[Batch] = []  # batches submitted, not planned (look_ahead - 1)
         self.counts = Traffic()
 
     @classmethod
@@ -111,8 +112,22 @@ class ReferenceScheduler:
 
     # ----- one batch -------------------------------------------------------
     def submit(self, batch: Batch) -> list[CommPlan]:
-        """Plan ``batch``; return the now final plans of the previous batch."""
+        """Hold ``batch``; plan the oldest batch held once ``look_ahead - 1`` are held
+        behind it (every one for a flush); return the plans that became final."""
+        self.ahead.append(batch)
+        released: list[CommPlan] = []
+        while len(self.ahead) > (0 if batch.flush else self.look_ahead - 1):
+            released += self._plan(self.ahead.pop(0))
+        return released
+
+    def _plan(self, batch: Batch) -> list[CommPlan]:
+        """Plan ``batch`` seeing the batches held behind it (``self.ahead``); return the
+        now final plans of the previous batch."""
         n = self.num_workers
+        # The keys the batches held behind this one use: a cached key among them is
+        # evicted only after every other (within one revolution of the clock), and a dirty
+        # one is not written back early.
+        window = {k for b in self.ahead for k in b.keys.tolist()}
         assignment = self.assign(batch)
         plans = [CommPlan(batch.iteration, w) for w in range(n)]
         # A worker's mini-batch: the distinct keys of its samples, in order of first
@@ -164,11 +179,16 @@ class ReferenceScheduler:
                     pull[w].append(k)
             missing = [k for k in worker_keys[w] if k not in cache]
             need = len(cache) + len(missing) - self.capacity
+            spare = len(cache)  # second chances for keys of the window: one revolution
             while need > 0:
                 victim = clock.popleft()
                 if victim in mine or victim in used:
                     if victim not in mine:
                         used.discard(victim)
+                    clock.append(victim)
+                    continue
+                if spare > 0 and victim in window:
+                    spare -= 1
                     clock.append(victim)
                     continue
                 if cache[victim].dirty:  # evicting a dirty row: written back at the end of t-1
@@ -183,13 +203,14 @@ class ReferenceScheduler:
             used.update(worker_keys[w])
 
         # Early write-backs of the previous iteration: rows dirty at its end that no
-        # worker uses now and their owner did not update in it.
+        # worker uses now nor in the window and their owner did not update in it.
         if self.early_write_back and self.pending:
             for plan in self.pending:
                 w, updated = plan.worker, set(plan.update_local.tolist())
                 idle = sorted(
                     k for k, row in self.caches[w].items()
                     if row.dirty and k not in trainers and k not in updated
+                    and k not in window
                 )  # fmt: skip
                 for k in idle[: self.early_cap]:
                     self._write_back(w, k, previous)
@@ -227,8 +248,12 @@ class ReferenceScheduler:
         return released
 
     def finish(self) -> list[CommPlan]:
-        """Release the last plans; rows still dirty are the final flush."""
-        released = self._release_pending({plan.worker: [] for plan in self.pending})
+        """Plan the batches held, release the last plans; rows still dirty are the final
+        flush."""
+        released: list[CommPlan] = []
+        while self.ahead:
+            released += self._plan(self.ahead.pop(0))
+        released += self._release_pending({plan.worker: [] for plan in self.pending})
         self.counts.final_flush = sum(
             1 for cache in self.caches for row in cache.values() if row.dirty
         )

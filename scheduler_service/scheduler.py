@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 
@@ -287,7 +288,8 @@ class Scheduler:
         # (``_trained_kids``: updated locally in the last planned iteration).
         self._dirty_candidates = np.empty(0, np.int64)
         self._trained_kids = np.empty(0, np.int64)
-        self.next_iteration: int | None = None
+        self.next_iteration: int | None = None  # of the next batch submitted
+        self._ahead: deque[Batch] = deque()  # submitted, not planned yet (look_ahead - 1)
         self._pending: list[CommPlan] = []
         self.helper = HelperChoice()
         self.stage_seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
@@ -303,13 +305,36 @@ class Scheduler:
         return self.mirror.capacity
 
     def submit(self, batch: Batch) -> list[CommPlan]:
+        """Take the next batch; plan the oldest one held once ``look_ahead - 1`` later
+        ones are held behind it (all of them for a ``flush`` batch); return the plans
+        that became final."""
+        check_next_batch(batch, self.num_workers, self.next_iteration)
+        self._ahead.append(batch)
+        self.next_iteration = batch.iteration + 1
+        keep = 0 if batch.flush else self.look_ahead - 1
+        released: list[CommPlan] = []
+        while len(self._ahead) > keep:
+            oldest = self._ahead.popleft()
+            try:
+                released += self._plan(oldest, self._ahead)
+            except BaseException:  # nothing of ``oldest`` was planned: hold it again
+                self._ahead.appendleft(oldest)
+                if self._ahead[-1] is batch:  # and refuse the batch just submitted
+                    self._ahead.pop()
+                    self.next_iteration = batch.iteration
+                raise
+        return released
+
+    def _plan(self, batch: Batch, ahead: deque[Batch]) -> list[CommPlan]:
+        """Plan ``batch``, seeing the batches held behind it (``ahead``); return the
+        previous batch's plans, now final."""
         mirror = self.mirror
         n = mirror.num_workers
-        check_next_batch(batch, n, self.next_iteration)
         clock = _StageClock(self.stage_seconds)
         big = batch.keys.shape[0] >= PARALLEL_KEYS
         parallel = big and self.helper.choose()
         started = time.perf_counter()
+        window = mirror.mark_window([b.keys for b in ahead])
         given = self.partitioner.given(batch)
         numbering, assignment, (wl_offsets, trainers) = _front(batch, mirror, given, parallel)
         info = numbering.info[: numbering.nb]
@@ -328,7 +353,9 @@ class Scheduler:
             mirror, info, trainers, ops, self.planner.on_demand, parallel
         )
         clock.lap("touch_keys")
-        out, counts = _evict_and_list(mirror, wl_offsets, info, trainers, ops, inserts, parallel)
+        out, counts = _evict_and_list(
+            mirror, wl_offsets, info, trainers, ops, inserts, window, parallel
+        )
         clock.lap("evict_and_list")
         if counts[:, 4].any():  # dirty rows evicted now: written back by the previous plans
             starts, dirty_counts = wl_offsets[:-1].tolist(), counts[:, 4].tolist()
@@ -341,12 +368,13 @@ class Scheduler:
             prev_keys = np.concatenate([prev_keys, dirty])
         if self.early_write_back:
             if self._pending:
-                early_workers, early_keys = self._early_write_backs(info)
+                early_workers, early_keys = self._early_write_backs(info, window)
                 prev_workers = np.concatenate([prev_workers, early_workers])
                 prev_keys = np.concatenate([prev_keys, early_keys])
             else:  # the first batch, or one after a flush: no row was dirty before it
                 self._dirty_candidates = np.empty(0, np.int64)
             self._trained_kids = kernels.single_trainer_kids(info, trainers)
+        mirror.clear_window()
         self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
@@ -380,7 +408,6 @@ class Scheduler:
         self._pending = plans
         if batch.flush:  # every row dirty after this iteration goes back with its plans
             released += self._release(*_sorted_by_worker(*self.mirror.take_dirty(), n))
-        self.next_iteration = batch.iteration + 1
         self.counts.iterations += 1
         clock.lap("plans")
         if big:
@@ -388,17 +415,18 @@ class Scheduler:
         return released
 
     def _early_write_backs(
-        self, info: npt.NDArray[np.uint64]
+        self, info: npt.NDArray[np.uint64], window: npt.NDArray[np.bool_]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(worker, key) of the dirty rows the pending plans write back early: up to the
         cap per worker (lowest keys first), of the rows dirty at the end of their iteration
-        that no worker uses in the next batch (``info``: its keys) and that their owner did
-        not update in that iteration (it may soon again). Called once the next batch's keys
+        that no worker uses in the next batch (``info``: its keys) nor in the batches held
+        behind it (``window``, kid-indexed marks) and that their owner did not update in
+        that iteration (it may soon again). Called once the next batch's keys
         are touched and its evictions listed. Rows get dirty only by a local update, so
         the rows examined are those of earlier plans left dirty, never a scan of every row
         the mirror knows."""
         owners, keys, self._dirty_candidates = self.mirror.take_idle_dirty(
-            self._dirty_candidates, info, self._trained_kids, self.early_cap
+            self._dirty_candidates, info, window, self._trained_kids, self.early_cap
         )
         return owners, keys
 
@@ -410,8 +438,12 @@ class Scheduler:
         return self.mirror.take_dirty()
 
     def finish(self) -> list[CommPlan]:
-        """Release the last plans; rows still dirty are counted as the final flush."""
-        released = self._release(np.zeros(self.num_workers + 1, np.int64), np.empty(0, np.int64))
+        """Plan the batches still held, release the last plans; rows still dirty are
+        counted as the final flush."""
+        released: list[CommPlan] = []
+        while self._ahead:
+            released += self._plan(self._ahead.popleft(), self._ahead)
+        released += self._release(np.zeros(self.num_workers + 1, np.int64), np.empty(0, np.int64))
         self.counts.final_flush = self.mirror.dirty_rows()
         return released
 
@@ -471,6 +503,7 @@ def _evict_and_list(
     trainers: npt.NDArray[np.uint64],
     ops: npt.NDArray[np.uint64],
     inserts: npt.NDArray[np.int64],
+    window: npt.NDArray[np.bool_],
     parallel: bool,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Stage 4 (``kernels.evict_and_list``) for every worker: on two threads, each with
@@ -485,7 +518,7 @@ def _evict_and_list(
     staging = mirror.scratch("staging", 3 * total).reshape(3, total)
     args = (
         wl_offsets, info, trainers, ops, inserts, mirror.capacity, mirror.rings, mirror.heads,
-        mirror.used, mirror.flat, mirror.key_of, out, counts, staging,
+        mirror.used, mirror.flat, mirror.key_of, window, out, counts, staging,
     )  # fmt: skip
     if total < PARALLEL_PAIRS or n == 1 or not parallel:
         kernels.evict_and_list(0, n, *args)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heraldps.errors import FailedPrecondition, InvalidArgument
+from heraldps.errors import CacheTooSmall, FailedPrecondition, InvalidArgument
 from heraldps.plan import CommPlan
 from launcher.cli.command import early_write_back
 from scheduler_service import mirror as mirror_module
@@ -62,6 +62,7 @@ def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list
     fields=st.integers(1, 5),
     vocab=st.integers(1, 60),
     spare=st.integers(0, 30),
+    look_ahead=st.integers(1, 4),
 )
 def test_fast_scheduler_equals_reference(
     mode: str,
@@ -72,13 +73,15 @@ def test_fast_scheduler_equals_reference(
     fields: int,
     vocab: int,
     spare: int,
+    look_ahead: int,
 ) -> None:
     capacity = per_worker * fields + spare  # never below a mini-batch's working set
     batches = random_batches(seed, 8, workers, per_worker, fields, vocab)
     fast, ref = (
-        Scheduler(workers, capacity, mode, early_write_back=early_write_back),
-        ReferenceScheduler.for_mode(workers, capacity, mode, early_write_back),
-    )
+        Scheduler(workers, capacity, mode, early_write_back=early_write_back,
+                  look_ahead=look_ahead),
+        ReferenceScheduler.for_mode(workers, capacity, mode, early_write_back, look_ahead),
+    )  # fmt: skip
     fast_plans, ref_plans = run(fast, batches), run(ref, batches)
     assert len(fast_plans) == len(ref_plans) == 8 * workers
     for a, b in zip(fast_plans, ref_plans, strict=True):
@@ -86,16 +89,20 @@ def test_fast_scheduler_equals_reference(
     assert fast.counts == ref.counts
 
 
-@pytest.mark.parametrize("checkpoint_every", [0, 4])
+@pytest.mark.parametrize(("checkpoint_every", "look_ahead"), [(0, 1), (4, 1), (0, 3), (4, 5)])
 @pytest.mark.parametrize("early_write_back", [0, 4, -1])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_plan_invariants(mode: str, early_write_back: int, checkpoint_every: int) -> None:
+def test_plan_invariants(
+    mode: str, early_write_back: int, checkpoint_every: int, look_ahead: int
+) -> None:
     """Replay plans on simple per-worker caches: every rule of the counting model holds,
-    checkpoints (every dirty row written back) among early write-backs included."""
+    checkpoints (every dirty row written back) among early write-backs included, with
+    every look-ahead."""
     workers, per_worker, capacity = 4, 8, 40
     batches = random_batches(7, 30, workers, per_worker, 5, 120)
     scheduler = Scheduler(workers, capacity, mode, checkpoint_every=checkpoint_every,
-                          early_write_back=early_write_back)  # fmt: skip
+                          early_write_back=early_write_back,
+                          look_ahead=look_ahead)  # fmt: skip
     plans = run(scheduler, batches)
     caches: list[dict[int, tuple[int, bool]]] = [
         {} for _ in range(workers)
@@ -394,3 +401,71 @@ def test_early_write_back_settings_below_minus_one_are_refused() -> None:
     ]  # fmt: skip
     with pytest.raises(argparse.ArgumentTypeError):
         early_write_back("-2")
+
+
+def one_key_batches(keys: list[int]) -> list[Batch]:
+    """One worker, one sample a batch, one key a sample."""
+    return [Batch.from_arrays(t, [0, 1], [k], 1) for t, k in enumerate(keys)]
+
+
+@pytest.mark.parametrize("mode", ["naive", "herald"])
+def test_look_ahead_evicts_the_rows_the_coming_batches_do_not_use(mode: str) -> None:
+    """A cache of two rows, keys 1, 2, 3, 1: making room for 3, CLOCK evicts 1 (the
+    oldest); seeing batch 3, a look-ahead of 2 keeps 1 and evicts 2, so 1 is not pulled
+    again."""
+    batches = one_key_batches([1, 2, 3, 1])
+    pulls = {}
+    for look_ahead in (1, 2):
+        scheduler = Scheduler(1, 2, mode, look_ahead=look_ahead)
+        plans = run(scheduler, batches)
+        pulls[look_ahead] = [p.pull.tolist() for p in plans]
+        evicted = plans[2].evict.tolist()
+        assert evicted == ([1] if look_ahead == 1 else [2])
+    assert pulls == {1: [[1], [2], [3], [1]], 2: [[1], [2], [3], []]}
+
+
+def test_look_ahead_keeps_dirty_the_rows_the_coming_batches_use() -> None:
+    """Key 1, updated in iteration 0 and idle in 1 and 2, is written back early by plan 1
+    with one batch of look-ahead; with three, plan 1 sees batch 3 use it and keeps it dirty,
+    and the worker trains it again in its cache: one write-back fewer."""
+    batches = one_key_batches([1, 2, 3, 1])
+    one, three = Scheduler(1, 10, "herald"), Scheduler(1, 10, "herald", look_ahead=3)
+    plans_one, plans_three = run(one, batches), run(three, batches)
+    assert plans_one[1].write_back.tolist() == [1]
+    assert all(1 not in p.write_back.tolist() for p in plans_three)
+    assert [p.pull.tolist() for p in plans_one] == [p.pull.tolist() for p in plans_three]
+    assert three.counts.write_backs == one.counts.write_backs - 1
+
+
+def test_look_ahead_holds_batches_and_releases_them_in_order() -> None:
+    """With look-ahead k, the plans of batch t are released when batch t + k comes; a
+    flush batch releases every batch held and its own plans; finish releases the rest."""
+    scheduler = Scheduler(1, 10, "herald", look_ahead=3)
+    batches = one_key_batches([1, 2, 3, 4, 5, 6, 7])
+    released = [[p.iteration for p in scheduler.submit(b)] for b in batches[:5]]
+    assert released == [[], [], [], [0], [1]]
+    assert scheduler.next_iteration == 5
+    flush = replace(batches[5], flush=True)
+    assert [p.iteration for p in scheduler.submit(flush)] == [2, 3, 4, 5]
+    assert [p.iteration for p in scheduler.submit(batches[6])] == []
+    assert [p.iteration for p in scheduler.finish()] == [6]
+
+
+def test_a_batch_held_that_cannot_be_planned_refuses_the_next_one() -> None:
+    """A batch the cache cannot hold is planned only when look-ahead later batches came:
+    that submit is refused, nothing is planned, and the same submit is refused again."""
+    scheduler = Scheduler(1, 2, "herald", look_ahead=2)
+    assert scheduler.submit(Batch.from_arrays(0, [0, 1], [1], 1)) == []
+    assert scheduler.submit(Batch.from_arrays(1, [0, 3], [5, 6, 7], 1)) == []  # 3 > 2 rows
+    nxt = Batch.from_arrays(2, [0, 1], [2], 1)
+    for _ in range(2):
+        with pytest.raises(CacheTooSmall):
+            scheduler.submit(nxt)
+        assert scheduler.next_iteration == 2
+    assert scheduler.counts.iterations == 1
+
+
+def test_look_ahead_outside_one_to_thirty_two_is_refused() -> None:
+    for bad in (0, -1, 33):
+        with pytest.raises(InvalidArgument, match="look_ahead"):
+            Scheduler(2, 10, "herald", look_ahead=bad)
