@@ -16,6 +16,7 @@ from heraldps.optim import OPTIMIZERS
 from launcher.cli.command import (
     Command,
     add_early_write_back_argument,
+    add_look_ahead_argument,
     at_least,
     fraction,
     names,
@@ -76,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cache rows per worker = floor(fraction x distinct training keys), 0 < f <= 1",
     )
     add_early_write_back_argument(p)
+    add_look_ahead_argument(p)
     p.add_argument("--optimizer", default="adagrad", choices=tuple(OPTIMIZERS), help="optimizer")
     p.add_argument(
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
@@ -426,6 +428,7 @@ def run(args: argparse.Namespace) -> int:
         dense_checkpoint_every=args.dense_checkpoint_every,
         embedding_l2=args.embedding_l2,
         weight_decay=args.weight_decay, early_write_back=args.early_write_back,
+        look_ahead=args.look_ahead,
     )  # fmt: skip
     job = replace(job, **extra)  # --job: the fields no flag sets (seed, ...)
     data = splits(args, job)
