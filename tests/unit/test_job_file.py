@@ -69,6 +69,18 @@ def test_early_write_back_is_all_off_or_a_row_count() -> None:
             job_file.from_dict(raw)
 
 
+def test_look_ahead_is_one_to_thirty_two_batches() -> None:
+    assert job_file.from_dict(SMALL).job.look_ahead == 1  # the default: one batch
+    raw = {**SMALL, "cluster": {**SMALL["cluster"], "look_ahead": 4}}
+    assert job_file.from_dict(raw).job.look_ahead == 4
+    for bad in (0, 33, "4", 2.0, True):
+        raw = {**SMALL, "cluster": {**SMALL["cluster"], "look_ahead": bad}}
+        with pytest.raises(InvalidArgument, match=r"cluster\.look_ahead"):
+            job_file.from_dict(raw)
+    with pytest.raises(InvalidArgument, match="--look-ahead must be 1"):
+        TrainingJob(data="x", look_ahead=0)
+
+
 def test_batch_norm_passes_through() -> None:
     raw = {**SMALL, "model": {**SMALL["model"], "batch_norm": True}}
     assert job_file.from_dict(raw).job.batch_norm
