@@ -373,6 +373,7 @@ def job_file_flags(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint_every": jf.schedule.checkpoint_every,
         "keep_checkpoints": jf.schedule.keep_checkpoints,
         "max_restarts": jf.cluster.max_restarts,
+        "early_write_back": job.early_write_back, "look_ahead": job.look_ahead,
     }  # fmt: skip
     for dest, value in from_file.items():
         if getattr(args, dest) == defaults[dest]:
@@ -380,7 +381,8 @@ def job_file_flags(args: argparse.Namespace) -> dict[str, Any]:
     covered = {"data", "format", "label_column", "sparse_columns", "dense_columns",
                "dense_transforms", "workers", "batch_size_per_worker", "epochs", "optimizer",
                "lr", "embedding_l2", "weight_decay", "embedding_dim", "hidden", "activation",
-               "dropout", "policy", "device", "dense_sync", "staleness"}  # fmt: skip
+               "dropout", "policy", "device", "dense_sync", "staleness", "early_write_back",
+               "look_ahead"}  # fmt: skip
     default_job = type(job)(data=job.data)
     return {k: v for k, v in asdict(job).items()
             if k not in covered and v != getattr(default_job, k)}  # fmt: skip

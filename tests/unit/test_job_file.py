@@ -142,6 +142,15 @@ def test_local_takes_the_job_file_with_its_flags_winning(tmp_path: Path) -> None
         "naive", 64, 3, "adam", 0.002)  # fmt: skip
     assert (args.hidden_layers, args.embedding_dim, args.eval_fraction) == ((16, 8), 6, 0.1)
     assert extra == {"seed": 5}  # no flag of local's sets it: set on the job
+    # The scheduler's settings: the file's, unless a flag sets them.
+    cluster = {**SMALL["cluster"], "early_write_back": "off", "look_ahead": 4}
+    path.write_text(yaml.safe_dump({**SMALL, "cluster": cluster}))
+    args = parser.parse_args(["--job", str(path)])
+    assert local_cli.job_file_flags(args) == {"seed": 5}
+    assert (args.early_write_back, args.look_ahead) == (0, 4)
+    args = parser.parse_args(["--job", str(path), "--look-ahead", "2", "--early-write-back", "7"])
+    local_cli.job_file_flags(args)
+    assert (args.early_write_back, args.look_ahead) == (7, 2)
 
 
 def test_fractions_hold_out_the_last_rows_for_train_and_feed_alike(tmp_path: Path) -> None:
