@@ -437,7 +437,8 @@ def run(args: argparse.Namespace) -> int:
     job, train, held_out = data.job, data.train, data.held_out
     job = replace(job, cache_rows=cache_rows_for(data.distinct_keys, args.cache_fraction))
     check_cache(train, job.workers, job.batch_size_per_worker, job.cache_rows, job.iterations,
-                modes, job.epochs, distinct_keys=data.distinct_keys, sizes=data.sizes)  # fmt: skip
+                modes, job.epochs, distinct_keys=data.distinct_keys, sizes=data.sizes,
+                look_ahead=job.look_ahead)  # fmt: skip
     console = Console()
     if not console.is_terminal:
         console.width = 100  # logs and CI: the summary table fits; --wide may wrap
