@@ -70,6 +70,7 @@ from heraldps.bundled import bundled_data
 from heraldps.data.global_batches import StreamedBatches
 from heraldps.job import TrainingJob
 from heraldps.modes import EARLY_WRITE_BACK_ALL
+from launcher.cli.command import look_ahead
 from launcher.cli.data import first_pass
 from launcher.local import ModeResult, run_local
 from launcher.plot import headless_pyplot
@@ -268,6 +269,9 @@ def main() -> int:
         help="runs per variant and rate, in rotated order; samples/s is the "
         "median of their medians (other figures: the first run's)",
     )
+    parser.add_argument("--look-ahead", type=look_ahead, default=1, metavar="K",
+                        help="every variant's scheduler sees this many batches beyond the plan "
+                        "it releases, 1 (the default) to 32")  # fmt: skip
     parser.add_argument("--output", type=Path, default=None,
                         help="default benchmarks/results/bench_network.json "
                         "(embeddings: bench_network_embeddings.json)")  # fmt: skip
@@ -334,6 +338,8 @@ def main() -> int:
         cases = clicklog_cases(args)
     else:
         cases = small_cases(args.quick, epochs)
+    cases = [(name, replace(job, look_ahead=args.look_ahead), train, test)
+             for name, job, train, test in cases]  # fmt: skip
     config = run_config(args, cases, epochs, rates)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -343,6 +349,7 @@ def main() -> int:
                        for k in range(max(1, args.repeats))]  # fmt: skip
             rows += rate_rows(name, rate, variants, repeats)
             write(output, rows, config, started)  # partial survives
+    print(f"look-ahead {args.look_ahead} (batches each scheduler sees beyond its plan)")
     print_table(rows)
     write(output, rows, config, started)
     plot(rows, output.with_suffix(".png"))
@@ -425,6 +432,7 @@ def run_config(
         "shape": args.shape, "workers": job.workers,
         "batch_size_per_worker": job.batch_size_per_worker, "optimizer": job.optimizer,
         "shards": 2, "cache_fraction": 0.1, "rates_mbit": list(rates), "repeats": args.repeats,
+        "look_ahead": job.look_ahead,
     }  # fmt: skip
     if args.shape == "embeddings":
         config.update(data_file=str(args.data_file), train_rows=job.train_rows,

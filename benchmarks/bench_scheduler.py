@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from heraldps.modes import EARLY_WRITE_BACK_ALL
 from heraldps.runtime import tune_malloc
-from launcher.cli.command import early_write_back
+from launcher.cli.command import early_write_back, look_ahead
 from scheduler_service import split
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import STAGES, Scheduler
@@ -77,18 +77,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(
-    workers: int, per_worker: int, count: int, hint: bool, early: int = EARLY_WRITE_BACK_ALL
-) -> dict[str, object]:
+    workers: int, per_worker: int, count: int, hint: bool, early: int = EARLY_WRITE_BACK_ALL,
+    ahead: int = 1,
+) -> dict[str, object]:  # fmt: skip
     capacity = int(0.1 * sum(CRITEO_CARDINALITIES))
     data = zipf_batches(count, workers, per_worker, seed=workers)
     # The first pass a job with a keyset knows the answer of: distinct keys of the run.
     expected = int(np.unique(np.concatenate([b.keys for b in data])).shape[0]) if hint else 0
-    warm = Scheduler(workers, capacity, "herald", early_write_back=early)  # compile/load kernels
+    # Compiles or loads the kernels before the timed scheduler.
+    warm = Scheduler(workers, capacity, "herald", early_write_back=early, look_ahead=ahead)
     for batch in zipf_batches(2, workers, per_worker, seed=workers + 1000):
         warm.submit(batch)
     del warm
     planner = Scheduler(workers, capacity, "herald", expected_keys=expected,
-                        early_write_back=early)  # fmt: skip
+                        early_write_back=early, look_ahead=ahead)  # fmt: skip
     times, floor = [], []
     stages: dict[str, list[float]] = {name: [] for name in STAGES}
     for batch in data:
@@ -145,17 +147,20 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--early-write-back", type=early_write_back, default=EARLY_WRITE_BACK_ALL,
                         help="the scheduler's setting: all (the default), off or rows")  # fmt: skip
+    parser.add_argument("--look-ahead", type=look_ahead, default=1, metavar="K",
+                        help="batches the scheduler sees beyond the plan it releases, 1 (the "
+                             "default) to 32")  # fmt: skip
     args = parser.parse_args()
     split.FORCE_HELPER = {"auto": None, "1": False, "2": True}[args.threads]
     tune_malloc()  # as every heraldps process does at start (the scheduler service too)
     load_before = os.getloadavg()
-    rows = [
-        measure(w, b, quick if args.quick else full, not args.no_hint, args.early_write_back)
-        for w, b, full, quick in SHAPES
-    ]
+    rows = [measure(w, b, quick if args.quick else full, not args.no_hint,
+                    args.early_write_back, args.look_ahead)
+            for w, b, full, quick in SHAPES]  # fmt: skip
     load_after = os.getloadavg()
     print(
         f"threads {args.threads}, size hint {'no' if args.no_hint else 'yes'}, "
+        f"early write-back {args.early_write_back}, look-ahead {args.look_ahead}, "
         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after "
         f"({os.cpu_count()} CPUs); warm-up (compile) excluded, every timed batch counted"
     )
@@ -178,6 +183,7 @@ def main() -> int:
     machine = {"python": platform.python_version(), "processor": platform.processor(),
                "cpus": os.cpu_count(), "numpy": np.__version__}  # fmt: skip
     run = {"threads": args.threads, "hint": not args.no_hint,
+           "early_write_back": args.early_write_back, "look_ahead": args.look_ahead,
            "load_average_before": load_before[0], "load_average_after": load_after[0]}  # fmt: skip
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(

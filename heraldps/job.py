@@ -24,7 +24,12 @@ from heraldps.data.spec import FORMATS
 from heraldps.errors import InvalidArgument
 from heraldps.init import Normal
 from heraldps.model import DeepFM, ModelConfig
-from heraldps.modes import EARLY_WRITE_BACK_ALL, early_write_back_cap, mode_named
+from heraldps.modes import (
+    EARLY_WRITE_BACK_ALL,
+    check_look_ahead,
+    early_write_back_cap,
+    mode_named,
+)
 from heraldps.optim import Optimizer, optimizer_class
 
 DENSE_SYNCS = ("allreduce", "ps")
@@ -68,6 +73,9 @@ class TrainingJob:
     # Rows per worker and iteration the scheduler writes back before anyone needs them
     # (on-demand modes; docs/scheduler.md#early-write-backs). -1: every such row; 0: off.
     early_write_back: int = EARLY_WRITE_BACK_ALL
+    # Batches the scheduler sees beyond the plan it releases, 1..32
+    # (docs/scheduler.md#look-ahead); 1: one batch, as before.
+    look_ahead: int = 1
     optimizer: str = "adagrad"
     lr: float | None = None
     # L2 on the embedding rows a step updates and on the dense parameters (weight decay):
@@ -100,6 +108,7 @@ class TrainingJob:
             if not (math.isfinite(l2) and l2 >= 0):
                 raise InvalidArgument(f"{flag} must be a finite number >= 0 (0: off), got {l2}")
         early_write_back_cap(self.early_write_back)  # -1, 0 or a row count
+        check_look_ahead(self.look_ahead, "--look-ahead")
         if self.staleness < 0:
             raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
         if self.dense_sync not in DENSE_SYNCS:

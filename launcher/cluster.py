@@ -188,6 +188,7 @@ def scheduler_process(
     worker_timeout: float = DEFAULT_WORKER_TIMEOUT,
     expected_keys: int = 0,
     early_write_back: int = EARLY_WRITE_BACK_ALL,
+    look_ahead: int = 1,
 ) -> ManagedProcess:
     """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links);
     ``extra``: more ``heraldps scheduler`` flags (checkpoints, resume); ``worker_timeout``:
@@ -197,7 +198,8 @@ def scheduler_process(
             "--ps", ",".join(ps), "--grace-seconds", "5",
             "--threads", str(2 * workers + 8), "--worker-timeout", str(worker_timeout),
             "--expected-keys", str(expected_keys),
-            "--early-write-back", str(early_write_back)]  # fmt: skip
+            "--early-write-back", str(early_write_back),
+            "--look-ahead", str(look_ahead)]  # fmt: skip
     if compress_plans:
         args.append("--compress-plans")
     args += extra

@@ -452,7 +452,8 @@ class _Attempt:
                                           extra=self._scheduler_flags(),
                                           worker_timeout=self.recovery.worker_timeout,
                                           expected_keys=job.distinct_keys or 0,
-                                          early_write_back=job.early_write_back)  # fmt: skip
+                                          early_write_back=job.early_write_back,
+                                          look_ahead=job.look_ahead)  # fmt: skip
             processes.append(scheduler)
             start_servers([scheduler])
             start = self.resumed_at = _next_batch(scheduler.address)

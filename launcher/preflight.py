@@ -63,6 +63,7 @@ def check_cache(
     epochs: int = 1,
     distinct_keys: int | None = None,
     sizes: MiniBatchSizes | None = None,
+    look_ahead: int = 1,
 ) -> None:
     """Every worker's mini-batch must fit its cache, in every mode that will run.
 
@@ -73,7 +74,8 @@ def check_cache(
     simulate`` does), without a cluster; unless no mini-batch can outgrow the cache at
     all (``batch_size_per_worker`` x the most keys in one row fits it), which is exact and
     costs nothing. Streamed batches (``StreamedBatches``) carry their own passes and cap;
-    ``distinct_keys`` then comes from the first pass, for the message.
+    ``distinct_keys`` then comes from the first pass, for the message. ``look_ahead``: the
+    scheduler's (what it evicts, and so the assignment, may depend on it).
     """
     from scheduler_service.simulate import largest_mini_batch, plan_modes
 
@@ -101,7 +103,8 @@ def check_cache(
         planned = []  # any mini-batch fits: no plan can need more than its rows' keys
     if planned:
         try:
-            plan_modes(every_pass, workers, cache_rows, planned, expected_keys=distinct)
+            plan_modes(every_pass, workers, cache_rows, planned, expected_keys=distinct,
+                       look_ahead=look_ahead)  # fmt: skip
         except CacheTooSmall as exc:
             raise cache_error(distinct, exc.needed, cache_rows, " with location-aware "
                               "assignment") from None  # fmt: skip

@@ -201,6 +201,7 @@ class Trainer:
         scheduler = scheduler_process(job.workers, job.cache_rows, cluster.mode, addresses,
                                       self.workdir, expected_keys=keys,
                                       early_write_back=job.early_write_back,
+                                      look_ahead=job.look_ahead,
                                       extra=self._scheduler_flags(resume))  # fmt: skip
         self.processes.append(scheduler)
         start_servers([scheduler])

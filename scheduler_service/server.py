@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.fence import MAX_LEASE_SECONDS, MAX_RUN_ID_CHARS, MIN_LEASE_SECONDS
-from heraldps.modes import EARLY_WRITE_BACK_ALL, MODES, mode_named
+from heraldps.modes import EARLY_WRITE_BACK_ALL, MODES, check_look_ahead, mode_named
 from heraldps.ports import check_port
 from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
@@ -49,6 +49,8 @@ class SchedulerConfig:
     # Rows per worker and iteration written back before anyone needs them (-1: every
     # idle dirty row; 0: off).
     early_write_back: int = EARLY_WRITE_BACK_ALL
+    # Batches the scheduler sees beyond the plan it releases (1..32; it holds them).
+    look_ahead: int = 1
     table: str = "emb"
     ps: tuple[str, ...] = field(default_factory=tuple)
     host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly
@@ -84,6 +86,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         check_port(self.port, "--port")
         check_port(self.metrics_port, "--metrics-port")
+        check_look_ahead(self.look_ahead, "--look-ahead")  # InvalidArgument, as the flag's
         if len(self.run_id) > MAX_RUN_ID_CHARS:
             raise ValueError(f"--run-id has at most {MAX_RUN_ID_CHARS} characters")
         if not MIN_LEASE_SECONDS <= self.claim_lease_seconds <= MAX_LEASE_SECONDS:
@@ -139,7 +142,7 @@ class SchedulerServer(GrpcProcess):
         self.ps = PSClient(list(config.ps), security=config.ps_security) if config.ps else None
         scheduler = make_scheduler(
             config.workers, config.cache_rows, config.mode, config.checkpoints.every,
-            config.expected_keys, config.early_write_back,
+            config.expected_keys, config.early_write_back, config.look_ahead,
         )  # fmt: skip
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
         self.run_id = (

@@ -1,9 +1,9 @@
 """``heraldps simulate``: Herald's Table 1 for a dataset, from the real scheduler core.
 
 Runs every mode of :class:`~scheduler_service.scheduler.Scheduler` over the
-same global batches and reports pulls, pushes and their ratios to naive. No
-separate simulator logic: the counts are those of the plans a live cluster
-executes.
+same global batches and reports pulls, pushes and their ratios to naive, for
+each look-ahead asked for. No separate simulator logic: the counts are those of
+the plans a live cluster executes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 
 from heraldps.data import SparseDataset
 from heraldps.data.global_batches import GlobalBatches, InMemoryBatches, mini_batch_sizes
-from heraldps.modes import EARLY_WRITE_BACK_ALL, PIPELINED_MODE, mode_named
+from heraldps.errors import InvalidArgument
+from heraldps.modes import EARLY_WRITE_BACK_ALL, PIPELINED_MODE, check_look_ahead, mode_named
 from heraldps.traffic import Traffic
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import MODES, Scheduler
@@ -35,6 +36,15 @@ class SimulationConfig:
     iterations: int | None = None
     # Rows per worker and iteration (Scheduler's early_write_back; -1: every idle row).
     early_write_back: int = EARLY_WRITE_BACK_ALL
+    # Batches the scheduler sees beyond the plan it releases (Scheduler's look_ahead): every
+    # mode is counted once for each, in this order; (1,): one batch, as before.
+    look_ahead: tuple[int, ...] = (1,)
+
+    def __post_init__(self) -> None:
+        if not self.look_ahead:
+            raise InvalidArgument("look_ahead needs at least one setting, e.g. (1,)")
+        for batches in self.look_ahead:
+            check_look_ahead(batches)
 
     def cache_rows(self, data: SparseDataset | int) -> int:
         return cache_rows_for(data, self.cache_fraction)
@@ -154,6 +164,7 @@ def plan_modes(
     progress: Progress | None = None,
     expected_keys: int = 0,
     early_write_back: int = EARLY_WRITE_BACK_ALL,
+    look_ahead: int = 1,
 ) -> dict[str, tuple[Traffic, float]]:
     """Plan every batch in each of ``modes``: each's counts and planning seconds.
 
@@ -161,13 +172,15 @@ def plan_modes(
     batches are read again for each group of modes that plan alike (``plan_groups``): the
     price of that memory is a read of the data per group (4 for the 5 Herald modes).
     ``progress(mode, done, total)`` after each batch; ``expected_keys`` sizes each
-    scheduler. ``CacheTooSmall`` as soon as a mini-batch does not fit."""
+    scheduler; ``early_write_back`` and ``look_ahead`` are every scheduler's settings.
+    ``CacheTooSmall`` as soon as a mini-batch does not fit."""
     out: dict[str, tuple[Traffic, float]] = {}
     for group in plan_groups(modes):
         early = [mode for mode in group if mode_named(mode).early_pulls]
         planner = early[0] if early else group[0]
         scheduler = Scheduler(workers, capacity, planner, expected_keys=expected_keys,
-                              early_write_back=early_write_back)  # fmt: skip
+                              early_write_back=early_write_back,
+                              look_ahead=look_ahead)  # fmt: skip
         report = None if progress is None else partial(progress, "/".join(group))
         seconds = _plan(scheduler, batches, report)
         for mode in group:
@@ -203,23 +216,50 @@ def simulate(
 ) -> dict[str, Any]:
     """Counts of every mode; ``capacity`` = floor(cache_fraction x distinct keys). Streamed
     data gives its distinct-key count from the first pass. The modes are planned one
-    group after another (``plan_modes``), each over a new read of the data."""
+    group after another (``plan_modes``), each over a new read of the data, once per
+    look-ahead of ``config``.
+
+    One look-ahead K: ``{"config": {..., "look_ahead": K}, "modes": {MODE: counts}}``.
+    Several: ``{"config": {..., "look_ahead": [K, ...]}, "runs": [{"look_ahead": K,
+    "modes": {...}}, ...]}`` in the config's order (``runs`` reads either)."""
     if distinct_keys is None:
         if not isinstance(data, SparseDataset):
             raise ValueError("simulate of streamed batches needs distinct_keys (the first pass)")
         distinct_keys = data.distinct_keys()
     capacity = config.cache_rows(distinct_keys)
     batches = config.batches(data)
-    planned = plan_modes(batches, config.workers, capacity, list(MODES), progress,
-                         expected_keys=distinct_keys,
-                         early_write_back=config.early_write_back)  # fmt: skip
-    modes = {mode: mode_counts(*planned[mode]) for mode in MODES}
+    several = len(config.look_ahead) > 1
+    found = []
+    for k in config.look_ahead:
+        report = _labelled(progress, f" (look-ahead {k})") if several else progress
+        planned = plan_modes(batches, config.workers, capacity, list(MODES), report,
+                             expected_keys=distinct_keys,
+                             early_write_back=config.early_write_back,
+                             look_ahead=k)  # fmt: skip
+        found.append({"look_ahead": k, "modes": {m: mode_counts(*planned[m]) for m in MODES}})
     rows = data.rows if isinstance(data, SparseDataset) else batches_rows(batches)
-    return {
-        "config": {**asdict(config), "cache_rows": capacity, "rows": rows,
-                   "distinct_keys": distinct_keys},
-        "modes": modes,
-    }  # fmt: skip
+    settings = list(config.look_ahead) if several else config.look_ahead[0]
+    head = {"config": {**asdict(config), "look_ahead": settings, "cache_rows": capacity,
+                       "rows": rows, "distinct_keys": distinct_keys}}  # fmt: skip
+    if several:
+        return {**head, "runs": found}
+    return {**head, "modes": found[0]["modes"]}
+
+
+def _labelled(progress: Progress | None, suffix: str) -> Progress | None:
+    """``progress`` with ``suffix`` after each group's name (which look-ahead is planned)."""
+    if progress is None:
+        return None
+    report = progress
+    return lambda modes, done, total: report(modes + suffix, done, total)
+
+
+def runs(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each look-ahead's counts of a ``simulate`` result, in order: ``[{"look_ahead": K,
+    "modes": {MODE: counts}}, ...]``; one entry when it counted one."""
+    if "runs" in result:
+        return list(result["runs"])
+    return [{"look_ahead": result["config"]["look_ahead"], "modes": result["modes"]}]
 
 
 def batches_rows(batches: GlobalBatches) -> int:
@@ -232,42 +272,60 @@ def ratio(value: int, base: int) -> float:
 
 
 def table(result: dict[str, Any]) -> str:
-    """Markdown table in the layout of Herald's Table 1."""
-    naive = result["modes"]["naive"]
+    """Markdown table in the layout of Herald's Table 1; with several look-aheads, one
+    block of rows per look-ahead after a ``look-ahead`` column (ratios to that block's naive)."""
+    found = runs(result)
+    several = len(found) > 1
+    first = "| look-ahead " if several else ""
     lines = [
-        "| mode | pulls | pushes | final flush | pull | push | overall |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"{first}| mode | pulls | pushes | final flush | pull | push | overall |",
+        f"{'|---:' if several else ''}|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for mode, c in result["modes"].items():
-        overall = ratio(c["pulls"] + c["pushes"], naive["pulls"] + naive["pushes"])
-        lines.append(
-            f"| {mode} | {c['pulls']:,} | {c['pushes']:,} | {c['final_flush']:,} | "
-            f"{ratio(c['pulls'], naive['pulls']):.2f} | {ratio(c['pushes'], naive['pushes']):.2f}"
-            f" | {overall:.2f} |"
-        )
+    for run in found:
+        naive = run["modes"]["naive"]
+        lead = f"| {run['look_ahead']} " if several else ""
+        for mode, c in run["modes"].items():
+            overall = ratio(c["pulls"] + c["pushes"], naive["pulls"] + naive["pushes"])
+            lines.append(
+                f"{lead}| {mode} | {c['pulls']:,} | {c['pushes']:,} | {c['final_flush']:,} | "
+                f"{ratio(c['pulls'], naive['pulls']):.2f} | "
+                f"{ratio(c['pushes'], naive['pushes']):.2f} | {overall:.2f} |"
+            )
     return "\n".join(lines)
 
 
 def early_line(result: dict[str, Any]) -> str | None:
-    """How many of the pipelined mode's pulls its plans mark early; None if it did not run."""
-    c = result["modes"].get(PIPELINED_MODE)
-    if c is None:
-        return None
-    share = ratio(c["early_pulls"], c["pulls"])
-    return (
-        f"{PIPELINED_MODE}: {c['early_pulls']:,} of {c['pulls']:,} pulls ({share:.0%}) are early "
-        "(the previous iteration does not change them)"
-    )
+    """How many of the pipelined mode's pulls its plans mark early (a line per look-ahead
+    when there are several); None if it did not run."""
+    found = runs(result)
+    lines = []
+    for run in found:
+        c = run["modes"].get(PIPELINED_MODE)
+        if c is None:
+            return None
+        share = ratio(c["early_pulls"], c["pulls"])
+        which = f" (look-ahead {run['look_ahead']})" if len(found) > 1 else ""
+        lines.append(
+            f"{PIPELINED_MODE}{which}: {c['early_pulls']:,} of {c['pulls']:,} pulls "
+            f"({share:.0%}) are early (the previous iteration does not change them)"
+        )
+    return "\n".join(lines)
 
 
 def write_json(result: dict[str, Any], path: str) -> None:
-    """``{"config": {...}, "modes": {MODE: {"pulls": P, "pushes": Q}}}`` as the issue fixes it."""
-    out = {
-        "config": result["config"],
-        "modes": {
-            m: {"pulls": c["pulls"], "pushes": c["pushes"]} for m, c in result["modes"].items()
-        },
-    }
+    """``{"config": {...}, "modes": {MODE: {"pulls": P, "pushes": Q}}}`` as the issue fixes it;
+    with several look-aheads, ``"runs": [{"look_ahead": K, "modes": {...}}, ...]`` instead
+    of ``modes``."""
+
+    def moved(modes: dict[str, Any]) -> dict[str, Any]:
+        return {m: {"pulls": c["pulls"], "pushes": c["pushes"]} for m, c in modes.items()}
+
+    out: dict[str, Any] = {"config": result["config"]}
+    if "runs" in result:
+        out["runs"] = [{"look_ahead": r["look_ahead"], "modes": moved(r["modes"])}
+                       for r in result["runs"]]  # fmt: skip
+    else:
+        out["modes"] = moved(result["modes"])
     if "fields" in result:  # distinct values and keys per sparse column (collisions)
         out["fields"] = result["fields"]
     Path(path).write_text(json.dumps(out, indent=2) + "\n")

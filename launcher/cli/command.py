@@ -11,7 +11,12 @@ from dataclasses import dataclass
 import grpc
 
 from heraldps.errors import HeraldError, InvalidArgument, error_from_rpc
-from heraldps.modes import EARLY_WRITE_BACK_ALL, early_write_back_setting
+from heraldps.modes import (
+    EARLY_WRITE_BACK_ALL,
+    MAX_LOOK_AHEAD,
+    check_look_ahead,
+    early_write_back_setting,
+)
 from heraldps.ports import MAX_PORT
 
 USAGE_ERROR = 2  # argparse's code for a bad command line; ours for a bad configuration
@@ -107,6 +112,47 @@ def add_early_write_back_argument(p: argparse.ArgumentParser) -> None:
         "modes; docs/scheduler.md#early-write-backs). Shrinks the final flush and checkpoint "
         "bursts: all (-1, the default), off (0) or a number of rows",
     )
+
+
+def look_ahead(text: str) -> int:
+    """``--look-ahead``: batches the scheduler sees beyond the plan it releases, 1 to
+    ``MAX_LOOK_AHEAD`` (``heraldps.modes.check_look_ahead``)."""
+    try:
+        value: object = int(text)
+    except ValueError:
+        value = text
+    try:
+        return check_look_ahead(value, "--look-ahead")
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def look_aheads(text: str) -> tuple[int, ...]:
+    """``simulate --look-ahead 1,2,4``: each setting once, in the order given."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(
+            f"--look-ahead takes batch counts, comma-separated (e.g. 1,2,4), got {text!r}"
+        )
+    return tuple(dict.fromkeys(look_ahead(part) for part in parts))
+
+
+LOOK_AHEAD_HELP = (
+    f"batches the scheduler sees beyond the plan it releases: 1 (the default) to {MAX_LOOK_AHEAD}. "
+    "More lets it evict rows the coming batches do not use first and keep dirty rows the "
+    "coming batches use; it holds that many batches (docs/scheduler.md#look-ahead)"
+)
+
+
+def add_look_ahead_argument(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """``--look-ahead`` as ``scheduler`` and ``local`` take it; ``several``: a comma-separated
+    list, each setting run in turn (``simulate``)."""
+    if several:
+        p.add_argument("--look-ahead", type=look_aheads, default="1", metavar="K[,K...]",
+                       help=f"{LOOK_AHEAD_HELP}. A list (1,2,4) counts each")  # fmt: skip
+    else:
+        p.add_argument("--look-ahead", type=look_ahead, default=1, metavar="K",
+                       help=LOOK_AHEAD_HELP)  # fmt: skip
 
 
 def at_least(low: int, high: int | None = None) -> Callable[[str], int]:

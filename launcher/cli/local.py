@@ -16,6 +16,7 @@ from heraldps.optim import OPTIMIZERS
 from launcher.cli.command import (
     Command,
     add_early_write_back_argument,
+    add_look_ahead_argument,
     at_least,
     fraction,
     names,
@@ -76,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cache rows per worker = floor(fraction x distinct training keys), 0 < f <= 1",
     )
     add_early_write_back_argument(p)
+    add_look_ahead_argument(p)
     p.add_argument("--optimizer", default="adagrad", choices=tuple(OPTIMIZERS), help="optimizer")
     p.add_argument(
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
@@ -371,6 +373,7 @@ def job_file_flags(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint_every": jf.schedule.checkpoint_every,
         "keep_checkpoints": jf.schedule.keep_checkpoints,
         "max_restarts": jf.cluster.max_restarts,
+        "early_write_back": job.early_write_back, "look_ahead": job.look_ahead,
     }  # fmt: skip
     for dest, value in from_file.items():
         if getattr(args, dest) == defaults[dest]:
@@ -378,7 +381,8 @@ def job_file_flags(args: argparse.Namespace) -> dict[str, Any]:
     covered = {"data", "format", "label_column", "sparse_columns", "dense_columns",
                "dense_transforms", "workers", "batch_size_per_worker", "epochs", "optimizer",
                "lr", "embedding_l2", "weight_decay", "embedding_dim", "hidden", "activation",
-               "dropout", "policy", "device", "dense_sync", "staleness"}  # fmt: skip
+               "dropout", "policy", "device", "dense_sync", "staleness", "early_write_back",
+               "look_ahead"}  # fmt: skip
     default_job = type(job)(data=job.data)
     return {k: v for k, v in asdict(job).items()
             if k not in covered and v != getattr(default_job, k)}  # fmt: skip
@@ -426,13 +430,15 @@ def run(args: argparse.Namespace) -> int:
         dense_checkpoint_every=args.dense_checkpoint_every,
         embedding_l2=args.embedding_l2,
         weight_decay=args.weight_decay, early_write_back=args.early_write_back,
+        look_ahead=args.look_ahead,
     )  # fmt: skip
     job = replace(job, **extra)  # --job: the fields no flag sets (seed, ...)
     data = splits(args, job)
     job, train, held_out = data.job, data.train, data.held_out
     job = replace(job, cache_rows=cache_rows_for(data.distinct_keys, args.cache_fraction))
     check_cache(train, job.workers, job.batch_size_per_worker, job.cache_rows, job.iterations,
-                modes, job.epochs, distinct_keys=data.distinct_keys, sizes=data.sizes)  # fmt: skip
+                modes, job.epochs, distinct_keys=data.distinct_keys, sizes=data.sizes,
+                look_ahead=job.look_ahead)  # fmt: skip
     console = Console()
     if not console.is_terminal:
         console.width = 100  # logs and CI: the summary table fits; --wide may wrap

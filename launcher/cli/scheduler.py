@@ -9,6 +9,7 @@ from launcher.cli.command import (
     Command,
     add_admission_arguments,
     add_early_write_back_argument,
+    add_look_ahead_argument,
     add_server_arguments,
     addresses,
     at_least,
@@ -37,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(structures double as they fill)",
     )
     add_early_write_back_argument(p)
+    add_look_ahead_argument(p)
     p.add_argument(
         "--mode",
         default="herald",
@@ -155,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     config = SchedulerConfig(
         workers=args.workers, cache_rows=args.cache_rows, mode=args.mode, table=args.table,
         expected_keys=args.expected_keys, early_write_back=args.early_write_back,
+        look_ahead=args.look_ahead,
         ps=addresses(args.ps), host=args.host, port=args.port,
         metrics_port=args.metrics_port, max_backlog=args.max_backlog,
         max_message_mb=args.max_message_mb, threads=args.threads,

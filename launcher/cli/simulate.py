@@ -11,6 +11,7 @@ from heraldps.modes import MAX_WORKERS
 from launcher.cli.command import (
     Command,
     add_early_write_back_argument,
+    add_look_ahead_argument,
     at_least,
     fraction,
     names,
@@ -35,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--iterations", type=at_least(1), default=None, help="at most this many batches")
     add_early_write_back_argument(p)
+    add_look_ahead_argument(p, several=True)
     p.add_argument("--json", default=None, help="write the counts here")
 
 
@@ -48,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         SimulationConfig,
         early_line,
         plan_groups,
+        runs,
         simulate,
         table,
         write_json,
@@ -62,23 +65,26 @@ def run(args: argparse.Namespace) -> int:
     profile = first_pass(spec, on_chunk=sizes)
     config = SimulationConfig(
         args.data, args.format, args.workers, args.batch_size_per_worker,
-        args.cache_fraction, args.iterations, args.early_write_back,
+        args.cache_fraction, args.iterations, args.early_write_back, args.look_ahead,
     )  # fmt: skip
     batches = StreamedBatches(spec, profile.rows, args.workers * args.batch_size_per_worker,
                               args.iterations)  # fmt: skip
     capacity = config.cache_rows(profile.total_distinct_keys)
     check_cache(batches, args.workers, args.batch_size_per_worker, capacity, args.iterations, (),
                 distinct_keys=profile.total_distinct_keys, sizes=sizes)  # fmt: skip
-    groups = ["/".join(g) for g in plan_groups(list(MODES))]
+    reads = len(plan_groups(list(MODES))) * len(config.look_ahead)
+    planned: list[str] = []  # the groups (and look-aheads) read so far, in order
     started = last = time.monotonic()
 
     def progress(modes: str, done: int, total: int) -> None:
         nonlocal last
+        if modes not in planned:
+            planned.append(modes)
         now = time.monotonic()
         if now - last >= 5 or (done == total and now - started >= 5):
             last = now
-            read = groups.index(modes) + 1
-            print(f"planning {modes.replace('/', ' and ')} (read {read} of {len(groups)} of the "
+            read = planned.index(modes) + 1
+            print(f"planning {modes.replace('/', ' and ')} (read {read} of {reads} of the "
                   f"data): batch {done:,} of {total:,}", file=sys.stderr, flush=True)  # fmt: skip
 
     try:
@@ -91,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{c['rows']:,} rows, {c['distinct_keys']:,} distinct keys, {c['workers']} workers x "
         f"{c['batch_size_per_worker']} samples, cache {c['cache_rows']:,} rows per worker, "
-        f"{result['modes']['naive']['iterations']} iterations"
+        f"{runs(result)[0]['modes']['naive']['iterations']} iterations"
     )
     print(collision_line(result["fields"]))
     print(table(result))

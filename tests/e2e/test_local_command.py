@@ -110,6 +110,11 @@ def tiny_csv(path: Path, rows: int, header: bool = True) -> Path:
         ),
         (["--embedding-l2", "-0.1"], "argument --embedding-l2: must be a finite number >= 0"),
         (
+            ["--look-ahead", "33"],
+            "argument --look-ahead: --look-ahead must be 1 (one batch, the "
+            "default) to 32 batches, got 33",
+        ),
+        (
             ["--data", "CSV_NOHEADER", "--format", "csv"],
             "read as the header, is: 'u0,i0,0' (if that is data, add a header line",
         ),

@@ -63,3 +63,40 @@ def test_local_dense_sync_auto_all_reduces_only_on_a_real_network() -> None:
         dense_sync_of(parser.parse_args(["local", "--link-mbit", "10", "--dense-sync", "ps"]))
         == "ps"
     )
+
+
+@pytest.mark.parametrize("command", ["scheduler", "local", "simulate"])
+def test_look_ahead_is_one_to_thirty_two_batches(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    required = ["--workers", "2", "--cache-rows", "9"] if command == "scheduler" else []
+    parse = build_parser().parse_args
+    several = command == "simulate"  # simulate counts each of a list
+    assert parse([command, *required]).look_ahead == ((1,) if several else 1)
+    assert parse([command, *required, "--look-ahead", "3"]).look_ahead == ((3,) if several else 3)
+    for bad, why in (("0", "got 0"), ("33", "got 33"), ("x", "got 'x'")):
+        with pytest.raises(SystemExit) as exit_info:
+            parse([command, *required, "--look-ahead", bad])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--look-ahead must be" in err and why in err, err
+
+
+def test_simulate_takes_a_list_of_look_aheads(capsys: pytest.CaptureFixture[str]) -> None:
+    parse = build_parser().parse_args
+    assert parse(["simulate", "--look-ahead", "1,4,2,4"]).look_ahead == (1, 4, 2)
+    for bad in ("1,0", "2,,x", ","):
+        with pytest.raises(SystemExit):
+            parse(["simulate", "--look-ahead", bad])
+        assert "--look-ahead" in capsys.readouterr().err
+
+
+def test_the_scheduler_service_refuses_a_look_ahead_as_its_flag_does() -> None:
+    from heraldps.errors import InvalidArgument
+    from scheduler_service.server import SchedulerConfig
+
+    assert SchedulerConfig(workers=2, cache_rows=9, look_ahead=32).look_ahead == 32
+    for bad in (0, 33):
+        with pytest.raises(InvalidArgument, match="--look-ahead must be 1") as refused:
+            SchedulerConfig(workers=2, cache_rows=9, look_ahead=bad)
+        assert refused.value.reason == "INVALID_ARGUMENT"

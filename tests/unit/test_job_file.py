@@ -69,6 +69,18 @@ def test_early_write_back_is_all_off_or_a_row_count() -> None:
             job_file.from_dict(raw)
 
 
+def test_look_ahead_is_one_to_thirty_two_batches() -> None:
+    assert job_file.from_dict(SMALL).job.look_ahead == 1  # the default: one batch
+    raw = {**SMALL, "cluster": {**SMALL["cluster"], "look_ahead": 4}}
+    assert job_file.from_dict(raw).job.look_ahead == 4
+    for bad in (0, 33, "4", 2.0, True):
+        raw = {**SMALL, "cluster": {**SMALL["cluster"], "look_ahead": bad}}
+        with pytest.raises(InvalidArgument, match=r"cluster\.look_ahead"):
+            job_file.from_dict(raw)
+    with pytest.raises(InvalidArgument, match="--look-ahead must be 1"):
+        TrainingJob(data="x", look_ahead=0)
+
+
 def test_batch_norm_passes_through() -> None:
     raw = {**SMALL, "model": {**SMALL["model"], "batch_norm": True}}
     assert job_file.from_dict(raw).job.batch_norm
@@ -130,6 +142,15 @@ def test_local_takes_the_job_file_with_its_flags_winning(tmp_path: Path) -> None
         "naive", 64, 3, "adam", 0.002)  # fmt: skip
     assert (args.hidden_layers, args.embedding_dim, args.eval_fraction) == ((16, 8), 6, 0.1)
     assert extra == {"seed": 5}  # no flag of local's sets it: set on the job
+    # The scheduler's settings: the file's, unless a flag sets them.
+    cluster = {**SMALL["cluster"], "early_write_back": "off", "look_ahead": 4}
+    path.write_text(yaml.safe_dump({**SMALL, "cluster": cluster}))
+    args = parser.parse_args(["--job", str(path)])
+    assert local_cli.job_file_flags(args) == {"seed": 5}
+    assert (args.early_write_back, args.look_ahead) == (0, 4)
+    args = parser.parse_args(["--job", str(path), "--look-ahead", "2", "--early-write-back", "7"])
+    local_cli.job_file_flags(args)
+    assert (args.early_write_back, args.look_ahead) == (7, 2)
 
 
 def test_fractions_hold_out_the_last_rows_for_train_and_feed_alike(tmp_path: Path) -> None:
