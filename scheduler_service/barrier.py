@@ -164,13 +164,17 @@ class Barrier:
             return released
 
     def finish(self) -> list[CommPlan]:
-        """No more batches: release the last plans (marked final_flush)."""
+        """No more batches: release the last plans (the last iteration's marked
+        final_flush)."""
         with self._lock:
             if self.finished:
                 return []
             released = self.scheduler.finish()
+            # The plans of the batches the scheduler still held come first (look-ahead);
+            # only the last iteration's end the run.
+            last = max((plan.iteration for plan in released), default=-1)
             for plan in released:
-                plan.final_flush = True
+                plan.final_flush = plan.iteration == last
             self._publish(released)
             self.finished = True
             self.final_flush = self.scheduler.counts.final_flush
@@ -179,8 +183,8 @@ class Barrier:
 
     def _publish(self, released: list[CommPlan]) -> None:
         """Make plans visible to the watchers, each with its worker's samples if sent.
-        ``released`` holds one iteration's plans, or two (a flushed batch's with the
-        previous ones), in iteration order."""
+        ``released`` holds one iteration's plans, or several (a flushed batch's, or the
+        last ones, with those the scheduler held: look-ahead), in iteration order."""
         for iteration in sorted({plan.iteration for plan in released}):
             plans = [plan for plan in released if plan.iteration == iteration]
             data = self._data.pop(iteration, None)

@@ -114,3 +114,15 @@ def test_a_slow_checkpoint_after_the_commit_is_not_a_frozen_shard() -> None:
     release.set()
     last.join(10)
     assert barrier.committed == 0 and barrier.failure is None
+
+
+def test_with_look_ahead_only_the_last_iteration_ends_the_run() -> None:
+    """A scheduler looking 3 batches ahead still holds two batches at Finish: their plans
+    are released with the last ones, and only the last iteration's carry final_flush (a
+    worker flushes and stops after it)."""
+    barrier = Barrier(make_scheduler(WORKERS, 20, "herald", look_ahead=3), lambda t: None)
+    released = [barrier.submit(batch(t)) for t in range(4)]
+    assert [[p.iteration for p in r] for r in released] == [[], [], [], [0] * WORKERS]
+    last = barrier.finish()
+    assert sorted({p.iteration for p in last}) == [1, 2, 3]
+    assert {(p.iteration, p.final_flush) for p in last} == {(1, False), (2, False), (3, True)}
