@@ -18,6 +18,7 @@ import numpy as np
 
 from heraldps.atomic import atomic_and
 from heraldps.jit import njit
+from heraldps.keyindex import table_find
 from heraldps.prefetch import prefetch
 
 PREFETCH_DISTANCE = 64  # keys ahead: 64 beat 16 and 32 in every stage (docs/figures.md)
@@ -380,7 +381,7 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
     Each worker's cache is a CLOCK: a ring of the keys it caches in insertion order.
     Room is made at the head: a key the worker trains in this batch goes round again, as
     does one whose reference bit is set (the bit is cleared), and one a batch behind this
-    one uses (``window``, kid-indexed marks; kids past its end are unmarked), at most as
+    one uses (``window``: the slot table of ``window.Window``, probed by key), at most as
     many of those as the worker cached when the batch came (one revolution); any other is
     evicted. The inserted keys then join at the tail. Workers are independent except for
     the bits they clear in evicted keys' shared words, which are cleared atomically, so two
@@ -441,7 +442,7 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
                     atomic_and(flat, v * RECORD_FIELDS + R_REFERENCED, clear)
                 ring[(head + n - 1) & mask] = np.int32(v)  # round again, at the tail
                 continue
-            if spare > 0 and v < window.shape[0] and window[v]:
+            if spare > 0 and table_find(window, key_of[v]) >= 0:
                 spare -= 1
                 ring[(head + n - 1) & mask] = np.int32(v)
                 continue
@@ -550,7 +551,7 @@ def single_trainer_kids(info, trainers):  # type: ignore[no-untyped-def]  # prag
 def idle_dirty(records, key_of, info, window, examine, trained, marks, clean):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Of the kids ``examine`` (distinct), the rows dirty now that no worker uses in the
     batch of ``info`` (its lid in R_META names it there) nor in the batches behind it
-    (``window``, kid-indexed, kids past its end unmarked) and that are not in ``trained``
+    (``window``: the slot table of ``window.Window``) and that are not in ``trained``
     (kids updated in the previous iteration, distinct): (owners, keys, kids) of those, and
     the kids still dirty but used in the batch. Rows in ``trained`` are skipped: the caller
     keeps them as candidates anyway. ``marks`` (bool, kid-indexed, all False) is left so.
@@ -574,9 +575,7 @@ def idle_dirty(records, key_of, info, window, examine, trained, marks, clean):  
         if owner < 0:
             continue
         lid = np.int64(meta & LID_BITS)
-        if (lid < nb and np.int64(info[lid, KID]) == kid) or (
-            kid < window.shape[0] and window[kid]
-        ):
+        if (lid < nb and np.int64(info[lid, KID]) == kid) or table_find(window, key_of[kid]) >= 0:
             left[kept] = kid
             kept += 1
             continue

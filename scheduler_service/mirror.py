@@ -148,8 +148,6 @@ class CacheMirror:
         self._gen = 0  # generation of the scratch table's live entries (0: none)
         self._scratch: dict[str, npt.NDArray[np.int64]] = {}
         self._mark_array = np.zeros(0, bool)  # see _marks
-        self._window = np.zeros(0, bool)  # see mark_window
-        self._window_kids = np.empty(0, np.int64)  # the kids marked in it
         self.samples_seen = 0
         self.batches_seen = 0
         self.forgotten = 0  # keys dropped because no cache held them any more
@@ -232,13 +230,13 @@ class CacheMirror:
         self,
         examine: npt.NDArray[np.int64],
         info: npt.NDArray[np.uint64],
-        window: npt.NDArray[np.bool_],
+        window: npt.NDArray[np.int64],
         trained: npt.NDArray[np.int64],
         limit: int | None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(owner, key) of up to ``limit`` (None: every) dirty rows per worker among the
         kids ``examine`` that no worker uses in the batch of ``info`` nor in the batches
-        behind it (``window``: :meth:`mark_window`'s marks) and that are not in
+        behind it (``window``: the slot table of ``window.Window``) and that are not in
         ``trained`` (updated in the iteration before it), now marked clean: written back
         early, each stays cached at its owner as the valid copy it is (holders do not
         change), so its next local use needs no pull and a later update makes it dirty
@@ -267,30 +265,6 @@ class CacheMirror:
             owners, keys, kids = owners[keep], keys[keep], kids[keep]
         self.records[kids, kernels.R_META] &= kernels.LID_BITS
         return owners, keys, np.concatenate([left, trained])
-
-    def mark_window(self, ahead: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.bool_]:
-        """Kid-indexed marks (True: some batch of ``ahead``, the keys of the batches the
-        scheduler holds behind the one it plans, uses the key) of the keys the mirror
-        knows now; a key it does not know is cached nowhere and needs no mark. Empty when
-        nothing is held (look-ahead 1). Kids handed out later are past its end: readers
-        check the bound. Valid until :meth:`clear_window` or the next call."""
-        self.clear_window()
-        if not ahead:
-            return self._window[:0]
-        kids = self.index.lookup(np.concatenate(ahead))
-        kids = kids[kids >= 0]
-        rows = self.index.rows
-        if self._window.shape[0] < rows:
-            self._window = np.zeros(max(rows, 2 * self._window.shape[0]), bool)
-        self._window[kids] = True
-        self._window_kids = kids
-        return self._window[:rows]
-
-    def clear_window(self) -> None:
-        """Unmark what :meth:`mark_window` marked."""
-        if self._window_kids.shape[0]:
-            self._window[self._window_kids] = False
-            self._window_kids = np.empty(0, np.int64)
 
     def _marks(self, size: int) -> npt.NDArray[np.bool_]:
         """A kid-indexed array of False, at least ``size`` long; callers set marks and

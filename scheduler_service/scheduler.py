@@ -42,6 +42,7 @@ from scheduler_service import kernels
 from scheduler_service.batch import Batch
 from scheduler_service.mirror import CacheMirror, Numbering
 from scheduler_service.split import HelperChoice, Relay, run_pieces
+from scheduler_service.window import Window
 
 
 def check_next_batch(batch: Batch, num_workers: int, next_iteration: int | None) -> None:
@@ -289,7 +290,10 @@ class Scheduler:
         self._dirty_candidates = np.empty(0, np.int64)
         self._trained_kids = np.empty(0, np.int64)
         self.next_iteration: int | None = None  # of the next batch submitted
-        self._ahead: deque[Batch] = deque()  # submitted, not planned yet (look_ahead - 1)
+        # Submitted, not planned yet (look_ahead - 1), each with its distinct keys, which
+        # are in the window while it is held.
+        self._ahead: deque[tuple[Batch, npt.NDArray[np.int64]]] = deque()
+        self.window = Window()
         self._pending: list[CommPlan] = []
         self.helper = HelperChoice()
         self.stage_seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
@@ -309,24 +313,34 @@ class Scheduler:
         ones are held behind it (all of them for a ``flush`` batch); return the plans
         that became final."""
         check_next_batch(batch, self.num_workers, self.next_iteration)
-        self._ahead.append(batch)
+        started = time.perf_counter()
+        self._hold(batch)
+        self.stage_seconds["front"] += time.perf_counter() - started  # the window's share
         self.next_iteration = batch.iteration + 1
         keep = 0 if batch.flush else self.look_ahead - 1
         released: list[CommPlan] = []
         while len(self._ahead) > keep:
             oldest = self._ahead.popleft()
+            self.window.leave(oldest[1])
             try:
-                released += self._plan(oldest, self._ahead)
+                released += self._plan(oldest[0])
             except BaseException:  # nothing of ``oldest`` was planned: hold it again
                 self._ahead.appendleft(oldest)
-                if self._ahead[-1] is batch:  # and refuse the batch just submitted
-                    self._ahead.pop()
+                if self.look_ahead > 1:
+                    self.window.enter(oldest[0].keys)
+                if self._ahead[-1][0] is batch:  # and refuse the batch just submitted
+                    self.window.leave(self._ahead.pop()[1])
                     self.next_iteration = batch.iteration
                 raise
         return released
 
-    def _plan(self, batch: Batch, ahead: deque[Batch]) -> list[CommPlan]:
-        """Plan ``batch``, seeing the batches held behind it (``ahead``); return the
+    def _hold(self, batch: Batch) -> None:
+        """Hold ``batch`` behind those held; its keys join the window (look-ahead > 1)."""
+        keys = self.window.enter(batch.keys) if self.look_ahead > 1 else batch.keys[:0]
+        self._ahead.append((batch, keys))
+
+    def _plan(self, batch: Batch) -> list[CommPlan]:
+        """Plan ``batch``, seeing the batches held behind it (``window``); return the
         previous batch's plans, now final."""
         mirror = self.mirror
         n = mirror.num_workers
@@ -334,7 +348,7 @@ class Scheduler:
         big = batch.keys.shape[0] >= PARALLEL_KEYS
         parallel = big and self.helper.choose()
         started = time.perf_counter()
-        window = mirror.mark_window([b.keys for b in ahead])
+        window = self.window.slots
         given = self.partitioner.given(batch)
         numbering, assignment, (wl_offsets, trainers) = _front(batch, mirror, given, parallel)
         info = numbering.info[: numbering.nb]
@@ -374,7 +388,6 @@ class Scheduler:
             else:  # the first batch, or one after a flush: no row was dirty before it
                 self._dirty_candidates = np.empty(0, np.int64)
             self._trained_kids = kernels.single_trainer_kids(info, trainers)
-        mirror.clear_window()
         self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
@@ -415,12 +428,12 @@ class Scheduler:
         return released
 
     def _early_write_backs(
-        self, info: npt.NDArray[np.uint64], window: npt.NDArray[np.bool_]
+        self, info: npt.NDArray[np.uint64], window: npt.NDArray[np.int64]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(worker, key) of the dirty rows the pending plans write back early: up to the
         cap per worker (lowest keys first), of the rows dirty at the end of their iteration
         that no worker uses in the next batch (``info``: its keys) nor in the batches held
-        behind it (``window``, kid-indexed marks) and that their owner did not update in
+        behind it (``window``: ``Window.slots``) and that their owner did not update in
         that iteration (it may soon again). Called once the next batch's keys
         are touched and its evictions listed. Rows get dirty only by a local update, so
         the rows examined are those of earlier plans left dirty, never a scan of every row
@@ -442,7 +455,9 @@ class Scheduler:
         counted as the final flush."""
         released: list[CommPlan] = []
         while self._ahead:
-            released += self._plan(self._ahead.popleft(), self._ahead)
+            batch, keys = self._ahead.popleft()
+            self.window.leave(keys)
+            released += self._plan(batch)
         released += self._release(np.zeros(self.num_workers + 1, np.int64), np.empty(0, np.int64))
         self.counts.final_flush = self.mirror.dirty_rows()
         return released
@@ -503,7 +518,7 @@ def _evict_and_list(
     trainers: npt.NDArray[np.uint64],
     ops: npt.NDArray[np.uint64],
     inserts: npt.NDArray[np.int64],
-    window: npt.NDArray[np.bool_],
+    window: npt.NDArray[np.int64],
     parallel: bool,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Stage 4 (``kernels.evict_and_list``) for every worker: on two threads, each with
