@@ -374,19 +374,23 @@ def _grown_ring(ring, head, used, size):  # type: ignore[no-untyped-def]  # prag
 @njit(nogil=True)
 def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
     first, last, wl_offsets, info, trainers, ops, inserts, capacity, rings, heads, used, flat,
-    key_of, window, out_keys, counts, scratch,
+    key_of, ahead, window, out_keys, counts, scratch,
 ):  # fmt: skip
     """Workers ``first..last-1``: make room for the keys each inserts, then list the plans.
 
     Each worker's cache is a CLOCK: a ring of the keys it caches in insertion order.
     Room is made at the head: a key the worker trains in this batch goes round again, as
-    does one whose reference bit is set (the bit is cleared), and one a batch behind this
-    one uses (``window``: the slot table of ``window.Window``, probed by key), at most as
-    many of those as the worker cached when the batch came (one revolution); any other is
-    evicted. The inserted keys then join at the tail. Workers are independent except for
-    the bits they clear in evicted keys' shared words, which are cleared atomically, so two
-    calls on disjoint ranges of workers may run at once. ``flat``: the records as one uint64
-    array (``records.reshape(-1)``).
+    does one whose reference bit is set (the bit is cleared). Any other is evicted; with
+    look-ahead (``ahead``), in four levels, each for as many candidates as keys cached
+    (keys that came round neither trained now nor referenced): first only clean keys no
+    batch behind this one uses (``window``: the slot table of ``window.Window``, probed by
+    key), then any clean key, then dirty keys no batch behind uses, then any. A dirty key
+    evicted is written back at once, on the iteration's critical path when it was just
+    trained; a clean one costs a pull only if it is needed again. The inserted keys then
+    join at the tail. Workers are independent except for the bits they clear in evicted
+    keys' shared words, which are cleared atomically, so two calls on disjoint ranges of
+    workers may run at once. ``flat``: the records as one uint64 array
+    (``records.reshape(-1)``).
 
     A worker's keys are listed in lid order (first occurrence in the batch), from one
     sequential pass over the batch's keys. Worker w's outputs go to its region ``r =
@@ -428,7 +432,11 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
         nev = start
         ndirty = start
         ngone = start
-        spare = n  # second chances left for keys the window uses
+        # Look-ahead: level 1 evicts only clean keys the window does not use, level 2 any
+        # clean key, level 3 dirty ones the window does not use too, level 4 any; a level
+        # ends after n candidates (keys neither trained now nor referenced) came round.
+        level = 1 if ahead else 4
+        moves = 0
         while need > 0:
             v = np.int64(ring[head])
             head = (head + 1) & mask
@@ -442,10 +450,19 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
                     atomic_and(flat, v * RECORD_FIELDS + R_REFERENCED, clear)
                 ring[(head + n - 1) & mask] = np.int32(v)  # round again, at the tail
                 continue
-            if spare > 0 and table_find(window, key_of[v]) >= 0:
-                spare -= 1
-                ring[(head + n - 1) & mask] = np.int32(v)
-                continue
+            if level < 4 and moves >= n:  # a revolution of candidates at this level
+                level += 1
+                moves = 0
+            if level < 4:
+                moves += 1
+                dirty_here = owner_of(meta) == w
+                if (
+                    dirty_here
+                    if level == 2
+                    else ((dirty_here and level == 1) or table_find(window, key_of[v]) >= 0)
+                ):
+                    ring[(head + n - 1) & mask] = np.int32(v)
+                    continue
             was_cached = atomic_and(flat, v * RECORD_FIELDS + R_CACHED, clear)
             atomic_and(flat, v * RECORD_FIELDS + R_HOLDERS, clear)
             if not was_cached & clear:  # its last copy: the mirror may forget the key

@@ -179,7 +179,11 @@ class ReferenceScheduler:
                     pull[w].append(k)
             missing = [k for k in worker_keys[w] if k not in cache]
             need = len(cache) + len(missing) - self.capacity
-            spare = len(cache)  # second chances for keys of the window: one revolution
+            # With look-ahead, eviction goes by levels, each for as many candidates (keys
+            # neither trained now nor referenced) as keys cached: 1 evicts only clean keys
+            # the window does not use, 2 any clean key, 3 dirty keys the window does not
+            # use too, 4 any (CLOCK, as without look-ahead).
+            level, moves, cached = (1 if self.look_ahead > 1 else 4), 0, len(cache)
             while need > 0:
                 victim = clock.popleft()
                 if victim in mine or victim in used:
@@ -187,16 +191,22 @@ class ReferenceScheduler:
                         used.discard(victim)
                     clock.append(victim)
                     continue
-                if spare > 0 and victim in window:
-                    spare -= 1
-                    clock.append(victim)
-                    continue
+                if level < 4 and moves >= cached:
+                    level, moves = level + 1, 0
+                if level < 4:
+                    moves += 1
+                    dirty, ahead = cache[victim].dirty, victim in window
+                    spared = {1: dirty or ahead, 2: dirty, 3: ahead}[level]
+                    if spared:
+                        clock.append(victim)
+                        continue
                 if cache[victim].dirty:  # evicting a dirty row: written back at the end of t-1
                     self._write_back(w, victim, previous)
                 del cache[victim]
                 used.discard(victim)
                 evict[w].append(victim)
                 need -= 1
+                cached -= 1
             for k in pull[w]:  # a pulled copy is the PS's: the latest, clean
                 cache[k] = CachedRow(self.latest.get(k, 0), False)
             clock.extend(missing)

@@ -368,7 +368,15 @@ class Scheduler:
         )
         clock.lap("touch_keys")
         out, counts = _evict_and_list(
-            mirror, wl_offsets, info, trainers, ops, inserts, window, parallel
+            mirror,
+            wl_offsets,
+            info,
+            trainers,
+            ops,
+            inserts,
+            self.look_ahead > 1,
+            window,
+            parallel,
         )
         clock.lap("evict_and_list")
         if counts[:, 4].any():  # dirty rows evicted now: written back by the previous plans
@@ -518,6 +526,7 @@ def _evict_and_list(
     trainers: npt.NDArray[np.uint64],
     ops: npt.NDArray[np.uint64],
     inserts: npt.NDArray[np.int64],
+    ahead: bool,
     window: npt.NDArray[np.int64],
     parallel: bool,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -533,7 +542,7 @@ def _evict_and_list(
     staging = mirror.scratch("staging", 3 * total).reshape(3, total)
     args = (
         wl_offsets, info, trainers, ops, inserts, mirror.capacity, mirror.rings, mirror.heads,
-        mirror.used, mirror.flat, mirror.key_of, window, out, counts, staging,
+        mirror.used, mirror.flat, mirror.key_of, ahead, window, out, counts, staging,
     )  # fmt: skip
     if total < PARALLEL_PAIRS or n == 1 or not parallel:
         kernels.evict_and_list(0, n, *args)
