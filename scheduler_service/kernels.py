@@ -455,12 +455,13 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
                 moves = 0
             if level < 4:
                 moves += 1
-                dirty_here = owner_of(meta) == w
-                if (
-                    dirty_here
-                    if level == 2
-                    else ((dirty_here and level == 1) or table_find(window, key_of[v]) >= 0)
-                ):
+                if level == 1:  # spared: dirty, or used by a batch behind
+                    spared = owner_of(meta) == w or table_find(window, key_of[v]) >= 0
+                elif level == 2:  # spared: dirty
+                    spared = owner_of(meta) == w
+                else:  # spared: used by a batch behind
+                    spared = table_find(window, key_of[v]) >= 0
+                if spared:
                     ring[(head + n - 1) & mask] = np.int32(v)
                     continue
             was_cached = atomic_and(flat, v * RECORD_FIELDS + R_CACHED, clear)

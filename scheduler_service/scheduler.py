@@ -319,25 +319,35 @@ class Scheduler:
         self.next_iteration = batch.iteration + 1
         keep = 0 if batch.flush else self.look_ahead - 1
         released: list[CommPlan] = []
-        while len(self._ahead) > keep:
-            oldest = self._ahead.popleft()
-            self.window.leave(oldest[1])
-            try:
-                released += self._plan(oldest[0])
-            except BaseException:  # nothing of ``oldest`` was planned: hold it again
-                self._ahead.appendleft(oldest)
-                if self.look_ahead > 1:
-                    self.window.enter(oldest[0].keys)
-                if self._ahead[-1][0] is batch:  # and refuse the batch just submitted
-                    self.window.leave(self._ahead.pop()[1])
-                    self.next_iteration = batch.iteration
-                raise
+        try:
+            while len(self._ahead) > keep:
+                released += self._plan_oldest()
+        except BaseException:
+            if self._ahead[-1][0] is batch:  # refuse the batch just submitted
+                self.window.leave(self._ahead.pop()[1])
+                self.next_iteration = batch.iteration
+            raise
         return released
 
-    def _hold(self, batch: Batch) -> None:
-        """Hold ``batch`` behind those held; its keys join the window (look-ahead > 1)."""
+    def _hold(self, batch: Batch, first: bool = False) -> None:
+        """Hold ``batch`` behind those held (``first``: before them); its keys join the
+        window (look-ahead > 1)."""
         keys = self.window.enter(batch.keys) if self.look_ahead > 1 else batch.keys[:0]
-        self._ahead.append((batch, keys))
+        if first:
+            self._ahead.appendleft((batch, keys))
+        else:
+            self._ahead.append((batch, keys))
+
+    def _plan_oldest(self) -> list[CommPlan]:
+        """Plan the oldest batch held (it leaves the window first); one that cannot be
+        planned is held again, first, as nothing of it was planned."""
+        batch, keys = self._ahead.popleft()
+        self.window.leave(keys)
+        try:
+            return self._plan(batch)
+        except BaseException:
+            self._hold(batch, first=True)
+            raise
 
     def _plan(self, batch: Batch) -> list[CommPlan]:
         """Plan ``batch``, seeing the batches held behind it (``window``); return the
@@ -463,9 +473,7 @@ class Scheduler:
         counted as the final flush."""
         released: list[CommPlan] = []
         while self._ahead:
-            batch, keys = self._ahead.popleft()
-            self.window.leave(keys)
-            released += self._plan(batch)
+            released += self._plan_oldest()
         released += self._release(np.zeros(self.num_workers + 1, np.int64), np.empty(0, np.int64))
         self.counts.final_flush = self.mirror.dirty_rows()
         return released

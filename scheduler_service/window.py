@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from heraldps import hostmem
 from heraldps.jit import njit
 from heraldps.keyindex import KeyIndex
 
@@ -57,13 +58,9 @@ class Window:
         rows = self._index.insert(keys)
         size = self._index.rows
         if size > self._uses.shape[0]:
-            grown = max(size, 2 * self._uses.shape[0])
-            self._uses = np.concatenate(
-                [self._uses, np.zeros(grown - self._uses.shape[0], np.int64)]
-            )
-            self._stamp = np.concatenate(
-                [self._stamp, np.zeros(grown - self._stamp.shape[0], np.int64)]
-            )
+            capacity = max(size, 2 * self._uses.shape[0])
+            self._uses = hostmem.grown(self._uses, capacity)
+            self._stamp = hostmem.grown(self._stamp, capacity)
         self._batches += 1
         distinct: npt.NDArray[np.int64] = _count_uses(keys, rows, self._uses, self._stamp,
                                                       self._batches)  # fmt: skip
