@@ -198,14 +198,17 @@ class TrainingJob:
 
     def row_bytes(self, mode: str) -> dict[str, int]:
         """Payload bytes of one embedding row per direction in ``mode``: keys and versions 8,
-        floats 4. The final flush is a write-back under a plan, a gradient push under HET.
-        HET pushes each row's local step count too where ``pushes_steps`` (int32, 4)."""
+        floats 4. A pull is a key, a version and the values; ``pull_state`` is what its
+        optimizer state adds where it comes along (``Traffic.state_pulls``). The final
+        flush is a write-back under a plan, a gradient push under HET. HET pushes each
+        row's local step count too where ``pushes_steps`` (int32, 4)."""
         dim = self.embedding_dim
         state = self.make_optimizer().state_width(dim)
         het = mode_named(mode).het
         steps = 4 if het and self.pushes_steps else 0
         sizes = {
-            "pull": 8 + 8 + 4 * (dim + state),
+            "pull": 8 + 8 + 4 * dim,
+            "pull_state": 4 * state,
             "grad_push": 8 + 4 * dim + steps,
             "write_back": 8 + 8 + 8 + 4 * (dim + state),
         }

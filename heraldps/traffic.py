@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from heraldps.v1 import scheduler_pb2
 
 if TYPE_CHECKING:
@@ -43,6 +45,9 @@ class Traffic:
     - ``early_pulls`` (``herald_pipelined``): pulls the plans mark early (scheduler) or that
       a worker fetched while the previous iteration still trained (worker); part of
       ``pulls``.
+    - ``state_pulls``: pulls whose optimizer state came along (part of ``pulls``): in the
+      plan modes the rows a worker updates itself, the others travel as values alone
+      (``worker_client.plan_step.state_wanted``); in HET every pull.
     """
 
     pulls: int = 0
@@ -60,6 +65,7 @@ class Traffic:
     sample_bytes: int = 0
     dense_bytes: int = 0
     early_pulls: int = 0
+    state_pulls: int = 0
 
     @property
     def pushes(self) -> int:
@@ -70,6 +76,7 @@ class Traffic:
         """Count the rows a released plan moves."""
         self.pulls += int(plan.pull.shape[0])
         self.early_pulls += int(plan.pull_early.shape[0])
+        self.state_pulls += int(np.count_nonzero(np.isin(plan.pull, plan.update_local)))
         self.grad_pushes += int(plan.push_grads.shape[0])
         self.write_backs += int(plan.write_back.shape[0])
         self.evictions += int(plan.evict.shape[0])
@@ -104,4 +111,5 @@ REPORTED = {
     "sample_bytes": "sample_bytes",
     "dense_bytes": "dense_bytes",
     "early_pulls": "early_pulls",
+    "state_pulls": "state_pulls",
 }

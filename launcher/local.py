@@ -94,7 +94,7 @@ class ModeResult:
         phases, period = median_phases(self.per_iteration), median_period(self.per_iteration)
         flush_bytes = b["final_flush"]
         pushes = t["grad_pushes"] + t["write_backs"]
-        bytes_pulled = t["pulls"] * b["pull"]
+        bytes_pulled = t["pulls"] * b["pull"] + t.get("state_pulls", 0) * b["pull_state"]
         bytes_pushed = t["grad_pushes"] * b["grad_push"] + t["write_backs"] * b["write_back"]
         return {
             "pulls": t["pulls"],
@@ -106,6 +106,7 @@ class ModeResult:
             "write_backs": t["write_backs"],
             "version_checks": t["version_checks"],
             "early_pulls": t["early_pulls"],
+            "state_pulls": t.get("state_pulls", 0),
             "bytes_pulled": bytes_pulled,
             "bytes_pushed": bytes_pushed,
             "bytes_final_flush": t["final_flush"] * flush_bytes,

@@ -203,6 +203,7 @@ def mode_counts(counts: Traffic, seconds: float) -> dict[str, Any]:
         "evictions": c.evictions,
         "hits": c.hits,
         "early_pulls": c.early_pulls,
+        "state_pulls": c.state_pulls,
         "iterations": c.iterations,
         "ms_per_batch": 1000 * seconds / max(c.iterations, 1),
     }

@@ -128,6 +128,7 @@ class EmbeddingCache:
         self._start = np.zeros(capacity, dtype=np.int64)
         self._clock = np.zeros(capacity, dtype=np.int64)
         self._dirty = np.zeros(capacity, dtype=bool)
+        self._no_state = np.zeros(capacity, dtype=bool)  # fetched without optimizer state
         self._last_use = np.zeros(capacity, dtype=np.int64)
         self._uses = np.zeros(capacity, dtype=np.int64)
         self._occupied = np.zeros(capacity, dtype=bool)
@@ -183,10 +184,19 @@ class EmbeddingCache:
         return to_host(self._values[device_slots]), to_host(self._state[device_slots])
 
     # ----- rows in and out -----------------------------------------------------------
-    def admit(self, keys: Keys, values: Any, state: Any, versions: npt.NDArray[np.int64]) -> Slots:
+    def admit(
+        self,
+        keys: Keys,
+        values: Any,
+        state: Any,
+        versions: npt.NDArray[np.int64],
+        with_state: npt.NDArray[np.bool_] | None = None,
+    ) -> Slots:
         """Store rows fetched from the PS (distinct keys): cached keys are refreshed, the
         others inserted; every one is clean with local clock = PS clock. Refuses to
-        overwrite a dirty row (its local updates would be lost) or to overflow."""
+        overwrite a dirty row (its local updates would be lost) or to overflow.
+        ``with_state`` (default: every row) marks the rows whose optimizer state came
+        along; the others can be trained on but not updated here (:meth:`mark_trained`)."""
         slots = self._slots.lookup(keys)
         held = slots >= 0
         if np.any(self._dirty[slots[held]]):
@@ -217,6 +227,7 @@ class EmbeddingCache:
         self._start[slots] = versions
         self._clock[slots] = versions
         self._dirty[slots] = False
+        self._no_state[slots] = False if with_state is None else ~with_state
         return slots
 
     def gather(self, slots: Slots) -> Any:
@@ -228,7 +239,14 @@ class EmbeddingCache:
 
     def mark_trained(self, slots: Slots, grads: Any, optimizer: Optimizer) -> None:
         """Apply ``optimizer`` to the rows with their gradients (device), as the PS would:
-        each row is one clock ahead of its fetch and dirty until written back."""
+        each row is one clock ahead of its fetch and dirty until written back. Refuses
+        rows fetched without their state, before anything changes."""
+        stateless = self._no_state[slots]
+        if np.any(stateless):
+            raise FailedPrecondition(
+                "cannot update cached rows that were pulled without their optimizer state "
+                f"(only their gradients may be pushed): {self._keys[slots[stateless]][:5].tolist()}"
+            )
         device_slots = self.xp.asarray(slots)
         values = self._values[device_slots]
         state = self._state[device_slots]

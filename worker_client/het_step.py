@@ -60,6 +60,7 @@ class HETStep(Step):
                 values, versions, state = self.ps.pull_with_state(EMBEDDING_TABLE, keys[fetch])
             slots[fetch] = cache.admit(keys[fetch], values, state, versions)
             traffic.pulls += int(np.count_nonzero(fetch))
+            traffic.state_pulls += int(np.count_nonzero(fetch))
         traffic.hits += int(np.count_nonzero(~fetch))
         loss, emb_grad, dense_grad = self.train(mb, slots, plan)
         if s == 0:

@@ -178,6 +178,10 @@ class WorkerMetrics:
             self.rows.labels(*labels, kind).inc(rows)
             if kind in self._row_bytes:
                 self.bytes.labels(*labels, kind).inc(rows * self._row_bytes[kind])
+        if "pull_state" in self._row_bytes:  # bytes only: these rows are counted as pulls
+            self.bytes.labels(*labels, "pull_state").inc(
+                traffic.state_pulls * self._row_bytes["pull_state"]
+            )
         self.dense_bytes.labels(*labels).inc(traffic.dense_bytes)
         for phase, spent in (phases or {}).items():
             self.phase_seconds.labels(*labels, phase).observe(spent)

@@ -41,7 +41,7 @@ import numpy.typing as npt
 
 from heraldps.client import PSClient
 from heraldps.client.core import Pulled
-from heraldps.job import EMBEDDING_TABLE, TrainingJob
+from heraldps.job import TrainingJob
 from heraldps.plan import CommPlan, plan_from_proto
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2
@@ -152,7 +152,7 @@ class PipelinedPlanStep(PlanStep):
         if not early.shape[0] or plan.iteration in self._early:
             return
         self._check_early(plan)
-        future = self.ps.pull_with_state_async(EMBEDDING_TABLE, early)
+        future = self.pull_rows(plan, early)
         self._early[plan.iteration] = (early, future)
 
     def _check_early(self, plan: CommPlan) -> npt.NDArray[np.bool_]:
@@ -195,11 +195,7 @@ class PipelinedPlanStep(PlanStep):
             return super().fetch(plan)
         mask = self._check_early(plan)
         late_keys = plan.pull[~mask]
-        late = (
-            self.ps.pull_with_state_async(EMBEDDING_TABLE, late_keys)
-            if late_keys.shape[0]
-            else None
-        )
+        late = self.pull_rows(plan, late_keys) if late_keys.shape[0] else None
         early_values, early_versions, early_state = started[1].result()
         n = plan.pull.shape[0]
         values = np.empty((n, early_values.shape[1]), dtype=np.float32)

@@ -54,6 +54,15 @@ class PlanMismatch(FailedPrecondition):
     """A plan asks for something the worker's cache contradicts."""
 
 
+def state_wanted(plan: CommPlan, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Which of ``keys`` (pulls of ``plan``) need their optimizer state: the rows this worker
+    updates itself. A row it only pushes a gradient for is changed by the iteration's
+    commit, so its cached copy is stale before anything here could update it (the
+    scheduler plans a pull, with state if needed, before any later use); its state stays on
+    the PS and only the value travels."""
+    return np.isin(keys, plan.update_local)
+
+
 class PlanStep(Step):
     """One iteration under a Herald plan (modes naive, on_demand, location_aware, herald)."""
 
@@ -76,6 +85,7 @@ class PlanStep(Step):
             with self.timer("pull"):
                 self._pull_planned(plan)
             traffic.pulls += plan.pull.shape[0]
+            traffic.state_pulls += int(np.count_nonzero(state_wanted(plan, plan.pull)))
         slots = cache.slots(mb.keys)
         if np.any(slots < 0):
             raise PlanMismatch(
@@ -171,8 +181,13 @@ class PlanStep(Step):
         """Called once the backward pass is done, before anything is sent (a hook)."""
 
     def fetch(self, plan: CommPlan) -> Pulled:
-        """Values, versions and state of ``plan.pull`` from the PS, in that order."""
-        return self.ps.pull_with_state(EMBEDDING_TABLE, plan.pull)
+        """Values, versions and state of ``plan.pull`` from the PS, in that order; the
+        state only of the rows :func:`state_wanted` names, zeros for the others."""
+        return self.pull_rows(plan, plan.pull).result()
+
+    def pull_rows(self, plan: CommPlan, keys: npt.NDArray[np.int64]) -> Future[Pulled]:
+        """Start pulling ``keys`` of ``plan``, with the state :func:`state_wanted` names."""
+        return self.ps.pull_some_state_async(EMBEDDING_TABLE, keys, state_wanted(plan, keys))
 
     def _check_evictions(self, plan: CommPlan) -> None:
         """Evicted rows are held and clean (the scheduler wrote them back earlier)."""
@@ -229,4 +244,4 @@ class PlanStep(Step):
                 f"plan {plan.iteration} pulls rows worker {self.worker} already holds at the "
                 f"latest version: {plan.pull[held][current][:5].tolist()}"
             )
-        cache.admit(plan.pull, values, state, versions)
+        cache.admit(plan.pull, values, state, versions, state_wanted(plan, plan.pull))

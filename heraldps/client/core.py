@@ -181,6 +181,40 @@ class ShardClient:
         return self._pull(table, keys, with_state=True)
 
     @rpc.reports_errors
+    def pull_some_state_async(
+        self, table: str, keys: npt.ArrayLike, with_state: npt.ArrayLike
+    ) -> Future[Pulled]:
+        """Values and versions of every key, optimizer state only where ``with_state``
+        (bool, one per key) is set, zeros elsewhere; the future resolves to (values,
+        versions, state) in ``keys`` order. A plan step asks for the state of the rows it
+        updates itself and leaves the rest on the PS: half of a row's bytes with AdaGrad,
+        two thirds with Adam."""
+        keys = as_keys(keys)
+        mask = np.asarray(with_state, dtype=bool)
+        if mask.shape != keys.shape:
+            raise InvalidArgument(
+                f"with_state has {mask.shape[0] if mask.ndim else 0} flags for "
+                f"{keys.shape[0]} keys: pass one per key"
+            )
+        if mask.all():
+            return self._pull(table, keys, with_state=True)
+        dim, state_width = self._widths_of(table)
+        parts = [self._pull(table, keys[mask], with_state=True)] if mask.any() else []
+        parts.append(self._pull(table, keys[~mask], with_state=False))
+
+        def join(pulled: list[Pulled]) -> Pulled:
+            n = keys.shape[0]
+            values = np.empty((n, dim), dtype=np.float32)
+            versions = np.empty(n, dtype=np.int64)
+            state = np.zeros((n, state_width), dtype=np.float32)
+            if mask.any():
+                values[mask], versions[mask], state[mask] = pulled[0]
+            values[~mask], versions[~mask] = pulled[-1][:2]
+            return values, versions, state
+
+        return rpc.gather(parts, join)
+
+    @rpc.reports_errors
     def _pull(
         self, table: str, keys: npt.ArrayLike, with_state: bool, blocking: bool = False
     ) -> Future[Pulled]:

@@ -413,6 +413,7 @@ class TrafficCounters(_message.Message):
     SAMPLE_BYTES_FIELD_NUMBER: _builtins.int
     DENSE_BYTES_FIELD_NUMBER: _builtins.int
     EARLY_PULLS_FIELD_NUMBER: _builtins.int
+    STATE_PULLS_FIELD_NUMBER: _builtins.int
     pulled_rows: _builtins.int
     pushed_gradient_rows: _builtins.int
     written_back_rows: _builtins.int
@@ -435,6 +436,11 @@ class TrafficCounters(_message.Message):
     """Rows of pulled_rows the worker pulled early, while the previous iteration
     still trained (herald_pipelined); a prefetched row is still one pull.
     """
+    state_pulls: _builtins.int
+    """Rows of pulled_rows whose optimizer state came along: in the plan modes
+    the rows the worker updates itself (the others travel as values alone,
+    their state stays on the PS); in HET every pulled row.
+    """
     def __init__(
         self,
         *,
@@ -447,10 +453,11 @@ class TrafficCounters(_message.Message):
         sample_bytes: _builtins.int = ...,
         dense_bytes: _builtins.int = ...,
         early_pulls: _builtins.int = ...,
+        state_pulls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "dense_bytes", b"dense_bytes", "early_pulls", b"early_pulls", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "sample_bytes", b"sample_bytes", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hits", b"cache_hits", "dense_bytes", b"dense_bytes", "early_pulls", b"early_pulls", "final_flush_rows", b"final_flush_rows", "pulled_rows", b"pulled_rows", "pushed_gradient_rows", b"pushed_gradient_rows", "sample_bytes", b"sample_bytes", "state_pulls", b"state_pulls", "version_checks", b"version_checks", "written_back_rows", b"written_back_rows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -83,6 +83,7 @@ def test_every_mode_trains_the_single_process_model(
         if mode in HERALD_MODES:
             live, expected = result.traffic, predicted[mode]
             assert live["pulls"] == expected["pulls"], mode
+            assert live["state_pulls"] == expected["state_pulls"] < expected["pulls"], mode
             assert live["grad_pushes"] + live["write_backs"] == expected["pushes"], mode
             assert live["final_flush"] == expected["final_flush"], mode
         if mode == PIPELINED_MODE:  # herald's rows, some fetched while the previous trained

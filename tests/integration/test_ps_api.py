@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from heraldps import wire
 from heraldps.client import PSClient
 from heraldps.errors import (
+    InvalidArgument,
     ResourceExhausted,
     StaleIteration,
     TableExists,
@@ -348,6 +349,27 @@ def test_write_back_and_dense(cluster: ClusterFactory) -> None:
     ps.push_dense_gradients(dense, np.ones(1000, np.float32), iteration=0)
     ps.commit(0)
     np.testing.assert_allclose(ps.pull_dense(dense), initial - 0.5, atol=1e-6)
+
+
+@pytest.mark.parametrize("wanted", ["some", "all", "none"])
+def test_pull_some_state_brings_state_only_where_asked(
+    cluster: ClusterFactory, wanted: str
+) -> None:
+    _, ps = cluster(2)
+    ps.create_table("emb", dim=4, optimizer=Adam(lr=0.01))
+    keys = np.array([9, 2, 40, 7, 13, 5, 31, 0])
+    ps.push_gradients("emb", keys[::2], np.ones((4, 4), np.float32), iteration=0)
+    ps.commit(0)  # versions 1 and 0, state not at its initial value for half the rows
+    values, versions, state = ps.pull_with_state("emb", keys)
+    mask = {"some": np.arange(8) % 3 == 0, "all": np.ones(8, bool), "none": np.zeros(8, bool)}
+    with_state = mask[wanted]
+    got_values, got_versions, got_state = ps.pull_some_state_async("emb", keys, with_state).result()
+    assert np.array_equal(got_values, values) and np.array_equal(got_versions, versions)
+    assert got_state.shape == state.shape == (8, 2 * 4 + 1)  # Adam: two moments and a step
+    assert np.array_equal(got_state[with_state], state[with_state])
+    assert not got_state[~with_state].any()
+    with pytest.raises(InvalidArgument, match="one per key"):
+        ps.pull_some_state_async("emb", keys, with_state[:3]).result()
 
 
 def test_versions_read_clocks_without_creating_rows(cluster: ClusterFactory) -> None:

@@ -63,6 +63,22 @@ def test_trained_rows_are_dirty_until_written_back() -> None:
         cache.rows_for_write_back(np.array([99]))
 
 
+def test_rows_pulled_without_state_are_never_updated_here() -> None:
+    """A row pulled as its value alone (its gradient goes to the PS) may be trained on, not
+    updated: the cache refuses before anything changes, until a pull with state refreshes it."""
+    cache = EmbeddingCache(4, 2, 1)
+    keys, values, state = rows([10, 20, 30])
+    slots = cache.admit(keys, values, state, np.array([1, 1, 1]), np.array([True, False, True]))
+    assert np.array_equal(cache.gather(slots), values)
+    with pytest.raises(FailedPrecondition, match=r"without their optimizer state.*\[20\]"):
+        cache.mark_trained(slots, np.ones((3, 2), np.float32), SGD(lr=0.5))
+    assert not cache.dirty(slots).any() and cache.clocks(slots).tolist() == [1, 1, 1]
+    assert np.array_equal(cache.host_rows(keys)[0], values)
+    cache.admit(keys[1:2], values[1:2], state[1:2], np.array([2]))  # pulled again, with state
+    cache.mark_trained(slots, np.ones((3, 2), np.float32), SGD(lr=0.5))
+    assert cache.dirty(slots).all()
+
+
 def test_pending_gradients_are_taken_once() -> None:
     """HET: gradients accumulate per row and leave with take_pending, which cleans the row."""
     cache = EmbeddingCache(4, 2, 0)
