@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from heraldps.client import PSClient
+from heraldps.client import PSClient, rpc
 from heraldps.client.core import Pulled
 from heraldps.job import TrainingJob
 from heraldps.plan import CommPlan, plan_from_proto
@@ -181,29 +181,34 @@ class PipelinedPlanStep(PlanStep):
         """After the backward pass: the next plan's early pulls start now at the latest."""
         self._prefetch_upcoming()
 
-    def fetch(self, plan: CommPlan) -> Pulled:
-        """The prefetched early rows joined with the late ones, pulled now (the previous
-        iteration is committed when a plan runs), in ``plan.pull`` order; then the next
-        plan's early pulls start, if it is here."""
+    def fetch(self, plan: CommPlan) -> Future[Pulled]:
+        """The prefetched early rows joined with the late ones, whose pulls start now (the
+        previous iteration is committed when a plan runs), in ``plan.pull`` order; then the
+        next plan's early pulls start, if it is here."""
         pulled = self._join(plan)
         self._prefetch_upcoming()
         return pulled
 
-    def _join(self, plan: CommPlan) -> Pulled:
+    def _join(self, plan: CommPlan) -> Future[Pulled]:
         started = self._early.pop(plan.iteration, None)
         if started is None or not np.array_equal(started[0], plan.pull_early):
             return super().fetch(plan)
         mask = self._check_early(plan)
         late_keys = plan.pull[~mask]
-        late = self.pull_rows(plan, late_keys) if late_keys.shape[0] else None
-        early_values, early_versions, early_state = started[1].result()
-        n = plan.pull.shape[0]
-        values = np.empty((n, early_values.shape[1]), dtype=np.float32)
-        versions = np.empty(n, dtype=np.int64)
-        state = np.empty((n, early_state.shape[1]), dtype=np.float32)
-        values[mask], versions[mask], state[mask] = early_values, early_versions, early_state
-        if late is not None:
-            late_values, late_versions, late_state = late.result()
-            values[~mask], versions[~mask], state[~mask] = late_values, late_versions, late_state
+        parts = [started[1]]
+        if late_keys.shape[0]:
+            parts.append(self.pull_rows(plan, late_keys))
         self._early_pulled = int(np.count_nonzero(mask))
-        return values, versions, state
+
+        def join(pulled: list[Pulled]) -> Pulled:
+            early_values, early_versions, early_state = pulled[0]
+            n = plan.pull.shape[0]
+            values = np.empty((n, early_values.shape[1]), dtype=np.float32)
+            versions = np.empty(n, dtype=np.int64)
+            state = np.empty((n, early_state.shape[1]), dtype=np.float32)
+            values[mask], versions[mask], state[mask] = early_values, early_versions, early_state
+            if len(pulled) > 1:
+                values[~mask], versions[~mask], state[~mask] = pulled[1]
+            return values, versions, state
+
+        return rpc.gather(parts, join)

@@ -73,17 +73,20 @@ class PlanStep(Step):
         local, shared = self._split(plan, mb.keys)
         self._check_write_backs(plan)
         sends = Sends()
+        if plan.evict.shape[0]:
+            self._check_evictions(plan)
+            cache.evict(plan.evict)
+        # The pull requests leave first: they are small, and behind the write-backs below
+        # (megabytes on the same links) they would reach the shards only once those had.
+        pulling = self._start_pull(plan) if plan.pull.shape[0] else None
         # Rows this iteration does not train are final already: they leave now, while the
         # outbound link would idle through the pulls and the forward and backward passes.
         trained_here = np.isin(plan.write_back, mb.keys)
         idle = plan.write_back[~trained_here]
         idle_rows = self._write_back_idle(sends, idle) if idle.shape[0] else None
-        if plan.evict.shape[0]:
-            self._check_evictions(plan)
-            cache.evict(plan.evict)
-        if plan.pull.shape[0]:
+        if pulling is not None:
             with self.timer("pull"):
-                self._pull_planned(plan)
+                self._admit_pulled(plan, pulling)
             traffic.pulls += plan.pull.shape[0]
             traffic.state_pulls += int(np.count_nonzero(state_wanted(plan, plan.pull)))
         slots = cache.slots(mb.keys)
@@ -180,10 +183,11 @@ class PlanStep(Step):
     def computed(self) -> None:
         """Called once the backward pass is done, before anything is sent (a hook)."""
 
-    def fetch(self, plan: CommPlan) -> Pulled:
-        """Values, versions and state of ``plan.pull`` from the PS, in that order; the
-        state only of the rows :func:`state_wanted` names, zeros for the others."""
-        return self.pull_rows(plan, plan.pull).result()
+    def fetch(self, plan: CommPlan) -> Future[Pulled]:
+        """Start pulling ``plan.pull``: the future resolves to values, versions and state
+        in that order; the state only of the rows :func:`state_wanted` names, zeros for
+        the others."""
+        return self.pull_rows(plan, plan.pull)
 
     def pull_rows(self, plan: CommPlan, keys: npt.NDArray[np.int64]) -> Future[Pulled]:
         """Start pulling ``keys`` of ``plan``, with the state :func:`state_wanted` names."""
@@ -220,9 +224,10 @@ class PlanStep(Step):
                 f"dirty: {plan.write_back[~ok][:5].tolist()}"
             )
 
-    def _pull_planned(self, plan: CommPlan) -> None:
-        """Pull the plan's rows: new ones (with room for them), or held clean ones at an
-        older version than the PS's; the cache changes only once all of that holds."""
+    def _start_pull(self, plan: CommPlan) -> Future[Pulled]:
+        """Check the plan's pulls against the cache (after its evictions) and start them:
+        new rows (with room for them), or held clean ones at an older version than the
+        PS's; :meth:`_admit_pulled` stores them once they are in."""
         cache = self.cache
         slots = cache.slots(plan.pull)
         held = slots >= 0
@@ -237,7 +242,15 @@ class PlanStep(Step):
                 f"plan {plan.iteration} pulls {new} new rows into a cache with {cache.free} "
                 f"free of {cache.capacity}"
             )
-        values, versions, state = self.fetch(plan)
+        return self.fetch(plan)
+
+    def _admit_pulled(self, plan: CommPlan, pulling: Future[Pulled]) -> None:
+        """Wait for the pulled rows and admit them; the cache changes only if none of them
+        is held at the version the PS sent (the scheduler would not pull it)."""
+        cache = self.cache
+        values, versions, state = pulling.result()
+        slots = cache.slots(plan.pull)
+        held = slots >= 0
         current = versions[held] == cache.clocks(slots[held])
         if np.any(current):
             raise PlanMismatch(
