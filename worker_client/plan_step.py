@@ -9,9 +9,10 @@ check runs before the cache or the PS changes.
 
 The sends of an iteration overlap (:class:`~worker_client.sends.Sends`): rows
 the plan writes back that this iteration does not train (dirty since an earlier
-one, so final already: early write-backs and most on-demand ones) leave before
-it pulls, on the outbound link, which is idle while the worker pulls and
-computes, behind the previous iteration's dense all-reduce if it still runs;
+one, so final already: early write-backs and most on-demand ones) leave right
+after the pull requests (small, so they go first), on the outbound link, which
+is idle while the worker pulls and computes, behind the previous iteration's
+dense all-reduce if it still runs;
 the gradient push and the dense push leave as soon as the backward pass has made
 them, while the local optimizer runs; the other write-backs (which need those
 local updates) follow; the step waits for all of them before it returns. A dense
