@@ -98,10 +98,13 @@ class LmdbRows:
             found[where] = True
             versions[where] = record["version"]
             changed[where] = record["changed"]
-            source = np.arange(got, dtype=np.int64)
-            copy_rows(values, where, record["values"], source)
-            if self.state_width:
-                copy_rows(state, where, record["state"], source)
+            if got == 1:  # numpy calls a one-row field view C-contiguous: a kernel signature
+                values[where], state[where] = record["values"], record["state"]  # of its own
+            else:
+                source = np.arange(got, dtype=np.int64)
+                copy_rows(values, where, record["values"], source)
+                if self.state_width:
+                    copy_rows(state, where, record["state"], source)
         return RowArrays(found, versions, changed, values, state)
 
     def put(

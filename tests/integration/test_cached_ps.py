@@ -107,6 +107,36 @@ def test_a_restarted_shard_serves_the_last_commit(tmp_path: Path) -> None:
         server.stop(grace=0)
 
 
+def test_one_row_read_from_disk_needs_no_kernel_of_its_own(tmp_path: Path) -> None:
+    """A single row found on disk is copied without the compiled kernel: numpy calls its
+    one-row field view C-contiguous, a signature the image's warmed kernels lack."""
+    from ps_server.kernels import copy_rows
+
+    server = start_cached(tmp_path)
+    ps = PSClient([f"127.0.0.1:{server.port}"])
+    try:
+        train(ps, 2)
+        stored = np.arange(-3000, 3000)
+        stored = stored[ps.versions("emb", stored) > 0][:2]  # rows on disk
+        assert stored.shape[0] == 2
+        want = ps.pull_with_state("emb", stored)
+        server.stop(grace=0)
+        server = start_cached(tmp_path)  # a cold cache: every row comes from disk
+        ps.close()
+        ps = PSClient([f"127.0.0.1:{server.port}"])
+        for at, key in enumerate(stored):
+            got = ps.pull_with_state("emb", np.array([key]))
+            for x, y in zip(want, got, strict=True):
+                assert np.array_equal(x[at : at + 1], y)
+        readonly_c = [
+            s for s in copy_rows.signatures if s[2].layout == "C" and s[2].mutable is False
+        ]
+        assert not readonly_c, readonly_c
+    finally:
+        ps.close()
+        server.stop(grace=0)
+
+
 def test_wrong_directory_and_concurrent_use_are_refused(tmp_path: Path) -> None:
     store = CachedStore(tmp_path, 0, 2, CachePolicy(1 << 20))
     with pytest.raises(FailedPrecondition, match="in use by another"):
