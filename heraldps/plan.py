@@ -67,6 +67,14 @@ class CommPlan:
         before it reports: at the end of training and at a checkpoint."""
         return self.final_flush or self.checkpoint
 
+    def state_wanted(self, keys: Keys) -> npt.NDArray[np.bool_]:
+        """Which of ``keys`` (pulls of this plan) need their optimizer state: the rows the
+        worker updates itself. A row it only pushes a gradient for is changed by the
+        iteration's commit, so its cached copy is stale before anything there could update
+        it (the scheduler plans a pull, with state if needed, before any later use); its
+        state stays on the PS and only the value travels."""
+        return np.isin(keys, self.update_local)
+
     def same_as(self, other: CommPlan) -> bool:
         """Equal field by field (arrays compared by value and order)."""
         if (self.iteration, self.worker) != (other.iteration, other.worker):

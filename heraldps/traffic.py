@@ -47,7 +47,7 @@ class Traffic:
       ``pulls``.
     - ``state_pulls``: pulls whose optimizer state came along (part of ``pulls``): in the
       plan modes the rows a worker updates itself, the others travel as values alone
-      (``worker_client.plan_step.state_wanted``); in HET every pull.
+      (``CommPlan.state_wanted``); in HET every pull.
     """
 
     pulls: int = 0
@@ -76,7 +76,7 @@ class Traffic:
         """Count the rows a released plan moves."""
         self.pulls += int(plan.pull.shape[0])
         self.early_pulls += int(plan.pull_early.shape[0])
-        self.state_pulls += int(np.count_nonzero(np.isin(plan.pull, plan.update_local)))
+        self.state_pulls += int(np.count_nonzero(plan.state_wanted(plan.pull)))
         self.grad_pushes += int(plan.push_grads.shape[0])
         self.write_backs += int(plan.write_back.shape[0])
         self.evictions += int(plan.evict.shape[0])

@@ -55,15 +55,6 @@ class PlanMismatch(FailedPrecondition):
     """A plan asks for something the worker's cache contradicts."""
 
 
-def state_wanted(plan: CommPlan, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    """Which of ``keys`` (pulls of ``plan``) need their optimizer state: the rows this worker
-    updates itself. A row it only pushes a gradient for is changed by the iteration's
-    commit, so its cached copy is stale before anything here could update it (the
-    scheduler plans a pull, with state if needed, before any later use); its state stays on
-    the PS and only the value travels."""
-    return np.isin(keys, plan.update_local)
-
-
 class PlanStep(Step):
     """One iteration under a Herald plan (modes naive, on_demand, location_aware, herald)."""
 
@@ -87,9 +78,8 @@ class PlanStep(Step):
         idle_rows = self._write_back_idle(sends, idle) if idle.shape[0] else None
         if pulling is not None:
             with self.timer("pull"):
-                self._admit_pulled(plan, pulling)
+                traffic.state_pulls += self._admit_pulled(plan, pulling)
             traffic.pulls += plan.pull.shape[0]
-            traffic.state_pulls += int(np.count_nonzero(state_wanted(plan, plan.pull)))
         slots = cache.slots(mb.keys)
         if np.any(slots < 0):
             raise PlanMismatch(
@@ -186,13 +176,13 @@ class PlanStep(Step):
 
     def fetch(self, plan: CommPlan) -> Future[Pulled]:
         """Start pulling ``plan.pull``: the future resolves to values, versions and state
-        in that order; the state only of the rows :func:`state_wanted` names, zeros for
+        in that order; the state only of the rows ``plan.state_wanted`` names, zeros for
         the others."""
         return self.pull_rows(plan, plan.pull)
 
     def pull_rows(self, plan: CommPlan, keys: npt.NDArray[np.int64]) -> Future[Pulled]:
-        """Start pulling ``keys`` of ``plan``, with the state :func:`state_wanted` names."""
-        return self.ps.pull_some_state_async(EMBEDDING_TABLE, keys, state_wanted(plan, keys))
+        """Start pulling ``keys`` of ``plan``, with the state ``plan.state_wanted`` names."""
+        return self.ps.pull_some_state_async(EMBEDDING_TABLE, keys, plan.state_wanted(keys))
 
     def _check_evictions(self, plan: CommPlan) -> None:
         """Evicted rows are held and clean (the scheduler wrote them back earlier)."""
@@ -245,9 +235,10 @@ class PlanStep(Step):
             )
         return self.fetch(plan)
 
-    def _admit_pulled(self, plan: CommPlan, pulling: Future[Pulled]) -> None:
+    def _admit_pulled(self, plan: CommPlan, pulling: Future[Pulled]) -> int:
         """Wait for the pulled rows and admit them; the cache changes only if none of them
-        is held at the version the PS sent (the scheduler would not pull it)."""
+        is held at the version the PS sent (the scheduler would not pull it). Returns how
+        many came with their state."""
         cache = self.cache
         values, versions, state = pulling.result()
         slots = cache.slots(plan.pull)
@@ -258,4 +249,6 @@ class PlanStep(Step):
                 f"plan {plan.iteration} pulls rows worker {self.worker} already holds at the "
                 f"latest version: {plan.pull[held][current][:5].tolist()}"
             )
-        cache.admit(plan.pull, values, state, versions, state_wanted(plan, plan.pull))
+        wanted = plan.state_wanted(plan.pull)
+        cache.admit(plan.pull, values, state, versions, wanted)
+        return int(np.count_nonzero(wanted))
