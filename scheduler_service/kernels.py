@@ -300,7 +300,7 @@ def with_owner(meta, owner):  # type: ignore[no-untyped-def]  # pragma: no cover
 
 
 @njit(nogil=True)
-def touch_keys(info, trainers, first, last, records, ops, inserts, on_demand):  # type: ignore[no-untyped-def]  # pragma: no cover
+def touch_keys(info, trainers, first, last, records, ops, inserts, on_demand, window, through):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Everything a batch does to the records of its keys ``info[first:last]``, one record
     each (disjoint ranges may run at once).
 
@@ -312,8 +312,13 @@ def touch_keys(info, trainers, first, last, records, ops, inserts, on_demand):  
     synchronisation: a dirty copy another worker needs now is written back by the
     previous iteration; after the commit only a sole trainer holds the newest value
     (dirty under on-demand sync, written back now under naive sync), and a key several
-    workers trained is valid nowhere. Returns (previous write-backs: worker, key; this
-    iteration's write-backs, naive sync only: worker, key).
+    workers trained is valid nowhere. With ``through`` (on-demand sync with a look-ahead
+    window), a key one worker trains that no batch in ``window`` (the slot table of
+    ``window.Window``) uses and that is not dirty at its trainer is trained through the
+    PS like a co-trained key: its gradient is pushed, its pull needs no optimizer state,
+    and no copy is dirty or valid after the commit (docs/scheduler.md#pass-through-rows).
+    Returns (previous write-backs: worker, key; this iteration's write-backs, naive sync
+    only: worker, key).
     """
     total = last - first
     prev_worker = np.empty(total, dtype=np.int64)
@@ -333,7 +338,6 @@ def touch_keys(info, trainers, first, last, records, ops, inserts, on_demand):  
         ops[q, OP_KEY] = info[q, KEY]
         ops[q, OP_PULLS] = t & ~info[q, HOLDERS]
         ops[q, OP_INSERTS] = new
-        ops[q, OP_KID] = np.uint64(k) | (_CO_TRAINED if t & (t - np.uint64(1)) else np.uint64(0))
         while new:
             low = new & (~new + np.uint64(1))
             inserts[bit_index(low)] += 1
@@ -346,7 +350,11 @@ def touch_keys(info, trainers, first, last, records, ops, inserts, on_demand):  
             prev_key[nprev] = np.int64(info[q, KEY])
             nprev += 1
             owner = -1
-        if t & (t - np.uint64(1)):  # several trainers: every copy is stale after the commit
+        co = (t & (t - np.uint64(1))) != 0
+        if not co and through and owner < 0 and table_find(window, np.int64(info[q, KEY])) < 0:
+            co = True  # no batch in the window uses it: trained through the PS
+        ops[q, OP_KID] = np.uint64(k) | (_CO_TRAINED if co else np.uint64(0))
+        if co:  # gradients pushed: every copy is stale after the commit
             records[k, R_HOLDERS] = 0
         else:
             records[k, R_HOLDERS] = t  # only the trainer holds the newest value
@@ -552,15 +560,16 @@ def group_by_worker(workers, keys, num_workers):  # type: ignore[no-untyped-def]
 
 # ----- early write-backs (Scheduler._early_write_backs) ----------------------------
 @njit(nogil=True)
-def single_trainer_kids(info, trainers):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Kids of the batch's keys one worker trains (its ``update_local`` rows)."""
-    nb = info.shape[0]
+def single_trainer_kids(trainers, ops):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Kids of the batch's keys one worker updates locally (its ``update_local`` rows:
+    trained, and not co-trained in ``ops``, stage 3's)."""
+    nb = trainers.shape[0]
     out = np.empty(nb, dtype=np.int64)
     n = 0
     for q in range(nb):
-        t = trainers[q]
-        if t != 0 and (t & (t - np.uint64(1))) == 0:
-            out[n] = np.int64(info[q, KID])
+        kid = ops[q, OP_KID]
+        if trainers[q] != 0 and (kid & _CO_TRAINED) == 0:
+            out[n] = np.int64(kid & _KID_BITS)
             n += 1
     return out[:n]
 

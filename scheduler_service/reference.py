@@ -225,19 +225,27 @@ class ReferenceScheduler:
                 for k in idle[: self.early_cap]:
                     self._write_back(w, k, previous)
 
-        # Training: every key of a worker's mini-batch is updated by it.
+        # Training: every key of a worker's mini-batch is updated by it. A key several
+        # workers train goes through the PS (gradients pushed); with on-demand sync and a
+        # look-ahead window, so does a key one worker trains that no batch in the window
+        # uses, unless that worker's copy is dirty (pass-through rows).
+        through = self.sync == "on_demand" and self.look_ahead > 1
+        co_trained = {
+            k for k, ws in trainers.items()
+            if len(ws) > 1 or (through and k not in window and not self.caches[ws[0]][k].dirty)
+        }  # fmt: skip
         update_local: list[list[int]] = [[] for _ in range(n)]
         push_grads: list[list[int]] = [[] for _ in range(n)]
         write_back: list[list[int]] = [[] for _ in range(n)]
         for w in range(n):
             for k in worker_keys[w]:
-                (push_grads if len(trainers[k]) > 1 else update_local)[w].append(k)
+                (push_grads if k in co_trained else update_local)[w].append(k)
         for k, ws in trainers.items():
             for w in ws:
                 assert self.valid(w, k), "a worker trains a row it does not hold"
             new_version = self.latest.get(k, 0) + 1
             self.latest[k] = new_version
-            if len(ws) > 1:  # gradients pushed, summed and applied once at commit
+            if k in co_trained:  # gradients pushed, summed and applied once at commit
                 self.ps_version[k] = new_version
                 continue
             w = ws[0]

@@ -373,8 +373,9 @@ class Scheduler:
         flush_workers, flush_keys = self._checkpoint_flush()
         ops = mirror.scratch("ops", kernels.OP_FIELDS * info.shape[0]).view(np.uint64)
         ops = ops.reshape(-1, kernels.OP_FIELDS)
+        through = self.planner.on_demand and self.look_ahead > 1
         prev_workers, prev_keys, now_workers, now_keys, inserts = _touch_keys(
-            mirror, info, trainers, ops, self.planner.on_demand, parallel
+            mirror, info, trainers, ops, self.planner.on_demand, window, through, parallel
         )
         clock.lap("touch_keys")
         out, counts = _evict_and_list(
@@ -405,7 +406,7 @@ class Scheduler:
                 prev_keys = np.concatenate([prev_keys, early_keys])
             else:  # the first batch, or one after a flush: no row was dirty before it
                 self._dirty_candidates = np.empty(0, np.int64)
-            self._trained_kids = kernels.single_trainer_kids(info, trainers)
+            self._trained_kids = kernels.single_trainer_kids(trainers, ops)
         self.counts.hits += int(counts[:, 3].sum())
         self.counts.held_samples += assignment.held
         self.counts.local_samples += assignment.local
@@ -505,7 +506,8 @@ PIECES = 4  # pieces of a split stage (``split.run_pieces``): the two threads ba
 
 def _touch_keys(
     mirror: CacheMirror, info: npt.NDArray[np.uint64], trainers: npt.NDArray[np.uint64],
-    ops: npt.NDArray[np.uint64], on_demand: bool, parallel: bool,
+    ops: npt.NDArray[np.uint64], on_demand: bool, window: npt.NDArray[np.int64],
+    through: bool, parallel: bool,
 ) -> tuple[npt.NDArray[np.int64], ...]:  # fmt: skip
     """Stage 3 (``kernels.touch_keys``): the batch's keys, in pieces on two threads for a
     big batch (each key's record is its own). Returns (previous write-backs: workers,
@@ -516,7 +518,7 @@ def _touch_keys(
     inserts = np.zeros((pieces, n), np.int64)
     parts = run_pieces([
         partial(kernels.touch_keys, info, trainers, a, b, mirror.records, ops, inserts[i],
-                on_demand)
+                on_demand, window, through)
         for i, (a, b) in enumerate(itertools.pairwise(bounds))
     ])  # fmt: skip
     if pieces == 1:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heraldps.errors import CacheTooSmall, FailedPrecondition, InvalidArgument
+from heraldps.modes import mode_named
 from heraldps.plan import CommPlan
 from launcher.cli.command import early_write_back
 from scheduler_service import mirror as mirror_module
@@ -125,6 +126,7 @@ def test_plan_invariants(
         assert np.array_equal(assigned, np.arange(batch.samples))  # every sample once
         assert all(p.samples.shape[0] == per_worker for p in group)  # nobody over m
         trainers: dict[int, int] = {}
+        dirty_before = [{k for k, (_, dirty) in c.items() if dirty} for c in caches]
         for p in group:
             cache = caches[p.worker]
             for k in p.evict.tolist():
@@ -140,15 +142,26 @@ def test_plan_invariants(
             for k in keys:
                 assert cache[k][0] == latest.get(k, 0), "trained a row that is not valid"
                 trainers[k] = trainers.get(k, 0) + 1
+        # A key one worker trains goes through the PS only with on-demand sync and a
+        # window, where no batch of the window uses it and nobody holds it dirty.
+        window = {
+            k for b in batches[batch.iteration + 1 : batch.iteration + look_ahead]
+            for k in b.keys.tolist()
+        }  # fmt: skip
+        through = mode_named(mode).on_demand_sync and look_ahead > 1
+        pushed: set[int] = set()
         for p in group:
             for k in p.push_grads.tolist():
-                assert trainers[k] > 1
+                assert trainers[k] > 1 or (
+                    through and k not in window and k not in dirty_before[p.worker]
+                ), (batch.iteration, p.worker, k)
+                pushed.add(k)
             for k in p.update_local.tolist():
                 assert trainers[k] == 1
                 caches[p.worker][k] = (latest.get(k, 0) + 1, True)
-        for k, count in trainers.items():
+        for k in trainers:
             latest[k] = latest.get(k, 0) + 1
-            if count > 1:
+            if k in pushed:
                 ps[k] = latest[k]
         for p in group:
             for k in p.write_back.tolist():
@@ -411,8 +424,9 @@ def one_key_batches(keys: list[int]) -> list[Batch]:
 @pytest.mark.parametrize("mode", ["naive", "herald"])
 def test_look_ahead_evicts_the_rows_the_coming_batches_do_not_use(mode: str) -> None:
     """A cache of two rows, keys 1, 2, 3, 1: making room for 3, CLOCK evicts 1 (the
-    oldest); seeing batch 3, a look-ahead of 2 keeps 1 and evicts 2, so 1 is not pulled
-    again."""
+    oldest); seeing batch 3, a look-ahead of 2 keeps 1 and evicts 2, so naive does not
+    pull 1 again. Herald does: with a window, it trained 1 through the PS in iteration 0
+    (batch 1 does not use it), so the cached copy is stale by iteration 3."""
     batches = one_key_batches([1, 2, 3, 1])
     pulls = {}
     for look_ahead in (1, 2):
@@ -421,20 +435,51 @@ def test_look_ahead_evicts_the_rows_the_coming_batches_do_not_use(mode: str) -> 
         pulls[look_ahead] = [p.pull.tolist() for p in plans]
         evicted = plans[2].evict.tolist()
         assert evicted == ([1] if look_ahead == 1 else [2])
-    assert pulls == {1: [[1], [2], [3], [1]], 2: [[1], [2], [3], []]}
+    again = [1] if mode == "herald" else []
+    assert pulls == {1: [[1], [2], [3], [1]], 2: [[1], [2], [3], again]}
 
 
 def test_look_ahead_keeps_dirty_the_rows_the_coming_batches_use() -> None:
     """Key 1, updated in iteration 0 and idle in 1 and 2, is written back early by plan 1
-    with one batch of look-ahead; with three, plan 1 sees batch 3 use it and keeps it dirty,
-    and the worker trains it again in its cache: one write-back fewer."""
+    with one batch of look-ahead; with four, plans 0 and 1 see batch 3 use it, so the
+    worker updates it locally and keeps it dirty, and trains it again in its cache: one
+    write-back fewer. (With three, plan 0 would not see it used again and train it through
+    the PS, test_a_row_no_batch_in_the_window_uses_is_trained_through_the_ps)."""
     batches = one_key_batches([1, 2, 3, 1])
-    one, three = Scheduler(1, 10, "herald"), Scheduler(1, 10, "herald", look_ahead=3)
+    one, three = Scheduler(1, 10, "herald"), Scheduler(1, 10, "herald", look_ahead=4)
     plans_one, plans_three = run(one, batches), run(three, batches)
     assert plans_one[1].write_back.tolist() == [1]
     assert all(1 not in p.write_back.tolist() for p in plans_three)
     assert [p.pull.tolist() for p in plans_one] == [p.pull.tolist() for p in plans_three]
-    assert three.counts.write_backs == one.counts.write_backs - 1
+    assert [p.update_local.tolist() for p in plans_three] == [[1], [], [], [1]]
+    assert [p.push_grads.tolist() for p in plans_three] == [[], [2], [3], []]  # used once
+
+
+def test_a_row_no_batch_in_the_window_uses_is_trained_through_the_ps() -> None:
+    """With a window (look-ahead 3), a row one worker trains goes through the PS like a
+    co-trained one when no batch of the window uses it: its gradient is pushed, it is
+    pulled without state and nothing is left dirty. A row the window uses, or one its
+    trainer holds dirty, is updated locally; without a window, and under naive sync,
+    every such row is."""
+    batches = one_key_batches([1, 2, 1, 3, 3, 2])  # 1: reused inside the window; 2: after
+    herald = Scheduler(1, 10, "herald", look_ahead=3)
+    plans = run(herald, batches)
+    assert [p.update_local.tolist() for p in plans] == [[1], [], [1], [3], [3], []]
+    assert [p.push_grads.tolist() for p in plans] == [[], [2], [], [], [], [2]]
+    # 2 was stale after its commit (pulled again), 1 and 3 stayed valid (hits).
+    assert [p.pull.tolist() for p in plans] == [[1], [2], [], [3], [], [2]]
+    assert [p.state_wanted(p.pull).tolist() for p in plans] == [
+        [True], [False], [], [True], [], [False]
+    ]  # fmt: skip
+    # 1 and 3 were updated last at iterations 2 and 4, which no batch behind them uses
+    # again: written back early or at the end; 2 never is.
+    written = [k for p in plans for k in p.write_back.tolist()]
+    assert 2 not in written and herald.counts.grad_pushes == 2
+    assert herald.counts.write_backs + herald.counts.final_flush == 2
+    # Iteration 4: 3 is dirty at its trainer (updated locally in 3) and unused after it,
+    # so it stays local (a gradient pushed to the PS would miss the local update).
+    for scheduler in (Scheduler(1, 10, "herald"), Scheduler(1, 10, "naive", look_ahead=3)):
+        assert all(not p.push_grads.shape[0] for p in run(scheduler, batches))
 
 
 def test_look_ahead_holds_batches_and_releases_them_in_order() -> None:
