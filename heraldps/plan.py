@@ -19,7 +19,10 @@ from heraldps.v1 import scheduler_pb2
 
 Keys = npt.NDArray[np.int64]
 
-KEY_LISTS = ("samples", "evict", "pull", "update_local", "push_grads", "write_back", "pull_early")
+KEY_LISTS = (
+    "samples", "evict", "pull", "update_local", "push_grads", "write_back", "pull_early",
+    "push_later",
+)  # fmt: skip
 
 
 def _empty() -> Keys:
@@ -44,6 +47,11 @@ class CommPlan:
     ``pull_early`` (mode ``herald_pipelined`` only) is a sub-sequence of ``pull``:
     keys nobody pushes or writes back in the previous iteration, so its commit
     leaves them as they are; a worker may fetch them while that iteration trains.
+
+    ``push_later`` is a sub-sequence of ``push_grads``: gradients the worker sends with
+    its next plan, into the next iteration's buffer, off this iteration's critical path
+    (pass-through rows nobody uses in the next iteration, when the next iteration
+    applies the same learning rate; docs/scheduler.md#gradients-sent-later).
     """
 
     iteration: int
@@ -55,6 +63,7 @@ class CommPlan:
     push_grads: Keys = field(default_factory=_empty)
     write_back: Keys = field(default_factory=_empty)
     pull_early: Keys = field(default_factory=_empty)
+    push_later: Keys = field(default_factory=_empty)
     final_flush: bool = False  # after this iteration, write back every dirty row
     checkpoint: bool = False  # the iteration ends a checkpoint: store the dense replica too
     # Multiplies every optimizer's lr in this iteration (SubmitBatchRequest.lr_scale).

@@ -284,7 +284,7 @@ LID_BITS = np.uint64(0xFFFFFFFF)
 _OWNER_SHIFT = np.uint64(32)
 OP_KEY, OP_PULLS, OP_INSERTS, OP_KID = 0, 1, 2, 3  # columns of stage 3's ``ops``
 OP_FIELDS = 4
-_CO_TRAINED = np.uint64(1 << 63)
+CO_TRAINED = np.uint64(1 << 63)  # top bit of ops[:, OP_KID]: the gradient goes to the PS
 _KID_BITS = np.uint64((1 << 63) - 1)
 
 
@@ -353,7 +353,7 @@ def touch_keys(info, trainers, first, last, records, ops, inserts, on_demand, wi
         co = (t & (t - np.uint64(1))) != 0
         if not co and through and owner < 0 and table_find(window, np.int64(info[q, KEY])) < 0:
             co = True  # no batch in the window uses it: trained through the PS
-        ops[q, OP_KID] = np.uint64(k) | (_CO_TRAINED if co else np.uint64(0))
+        ops[q, OP_KID] = np.uint64(k) | (CO_TRAINED if co else np.uint64(0))
         if co:  # gradients pushed: every copy is stale after the commit
             records[k, R_HOLDERS] = 0
         else:
@@ -505,7 +505,7 @@ def evict_and_list(  # type: ignore[no-untyped-def]  # pragma: no cover
         pulls = ops[q, OP_PULLS]
         new = ops[q, OP_INSERTS]
         kid = ops[q, OP_KID]
-        co = (kid & _CO_TRAINED) != 0
+        co = (kid & CO_TRAINED) != 0
         kid = np.int64(kid & _KID_BITS)
         while t:
             low = t & (~t + np.uint64(1))
@@ -568,7 +568,7 @@ def single_trainer_kids(trainers, ops):  # type: ignore[no-untyped-def]  # pragm
     n = 0
     for q in range(nb):
         kid = ops[q, OP_KID]
-        if trainers[q] != 0 and (kid & _CO_TRAINED) == 0:
+        if trainers[q] != 0 and (kid & CO_TRAINED) == 0:
             out[n] = np.int64(kid & _KID_BITS)
             n += 1
     return out[:n]

@@ -57,6 +57,7 @@ class ReferenceScheduler:
         # (None before the first release, when nothing is marked).
         self.early = early
         self.changed_before: set[int] | None = None
+        self.later_before: set[int] = set()  # push_later of the last released iteration
         self.capacity = capacity
         self.partition = partition
         self.sync = sync
@@ -254,8 +255,18 @@ class ReferenceScheduler:
                 self.ps_version[k] = new_version
                 write_back[w].append(k)
 
+        # Pass-through gradients may go with the next plans, into the next iteration's
+        # buffer, when that batch is held, trains with the same learning rate and this
+        # one is no flush (push_later).
+        defer = (
+            through and not batch.flush and bool(self.ahead)
+            and self.ahead[0].lr_scale == batch.lr_scale
+        )  # fmt: skip
         released = self._release_pending(previous)
         for w in range(n):
+            if defer:
+                later = [k for k in push_grads[w] if len(trainers[k]) == 1]
+                plans[w].push_later = np.array(later, dtype=np.int64)
             plans[w].evict = np.array(evict[w], dtype=np.int64)
             plans[w].pull = np.array(pull[w], dtype=np.int64)
             plans[w].update_local = np.array(update_local[w], dtype=np.int64)
@@ -296,7 +307,8 @@ class ReferenceScheduler:
                 k
                 for plan in self.pending
                 for k in [*plan.push_grads.tolist(), *plan.write_back.tolist()]
-            }
+            } | self.later_before  # gradients sent later are applied by this commit
+            self.later_before = {k for plan in self.pending for k in plan.push_later.tolist()}
         for plan in self.pending:
             self.counts.add_plan(plan)
         released, self.pending = self.pending, []

@@ -195,16 +195,29 @@ class EarlyPulls:
 
     def __init__(self) -> None:
         self._changed: npt.NDArray[np.int64] | None = None  # sorted, distinct
+        self._later = np.empty(0, np.int64)  # the last iteration's ``push_later``
 
     def mark(self, plans: list[CommPlan]) -> None:
         """Set ``pull_early`` of ``plans`` (one iteration's, final lists) and remember
-        the keys they change for the next iteration's plans."""
+        the keys they change for the next iteration's plans: their pushes and write-backs,
+        and the gradients the iteration before sent later, which their commit applies."""
         if self._changed is not None:
             for plan in plans:
                 plan.pull_early = plan.pull[~_member(plan.pull, self._changed)]
         if plans:
             lists = [a for p in plans for a in (p.push_grads, p.write_back)]
-            self._changed = np.unique(np.concatenate(lists))
+            self._changed = np.unique(np.concatenate([*lists, self._later]))
+            self._later = np.concatenate([p.push_later for p in plans])
+
+
+def _pass_through_keys(
+    trainers: npt.NDArray[np.uint64], ops: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.int64]:
+    """Sorted keys of the batch that one worker trains but whose gradient goes to the PS
+    (stage 3 marked them co-trained: pass-through rows)."""
+    single = (trainers != 0) & ((trainers & (trainers - np.uint64(1))) == 0)
+    co = (ops[:, kernels.OP_KID] & kernels.CO_TRAINED) != 0
+    return np.sort(ops[single & co, kernels.OP_KEY].astype(np.int64))
 
 
 def _member(
@@ -436,6 +449,10 @@ class Scheduler:
             )
             for w in range(n)
         ]
+        if through and self._may_defer(batch, checkpoint):
+            passing = _pass_through_keys(trainers[: info.shape[0]], ops)
+            for plan in plans:
+                plan.push_later = plan.push_grads[_member(plan.push_grads, passing)]
         released = self._release(*_sorted_by_worker(prev_workers, prev_keys, n))
         self._pending = plans
         if batch.flush:  # every row dirty after this iteration goes back with its plans
@@ -445,6 +462,15 @@ class Scheduler:
         if big:
             self.helper.record(parallel, time.perf_counter() - started, batch.keys.shape[0])
         return released
+
+    def _may_defer(self, batch: Batch, checkpoint: bool) -> bool:
+        """Whether ``batch``'s plans may leave pass-through gradients to the next iteration
+        (``CommPlan.push_later``): not at a checkpoint or a flush (its commit must hold
+        every update of the iteration), and only when the next batch is held and trains
+        with the same learning rate (its commit applies them)."""
+        if checkpoint or batch.flush or not self._ahead:
+            return False
+        return self._ahead[0][0].lr_scale == batch.lr_scale
 
     def _early_write_backs(
         self, info: npt.NDArray[np.uint64], window: npt.NDArray[np.int64]

@@ -33,7 +33,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -55,8 +58,19 @@ class PlanMismatch(FailedPrecondition):
     """A plan asks for something the worker's cache contradicts."""
 
 
+@dataclass
+class LaterGradients:
+    """Gradients a plan left for the next one to send (``CommPlan.push_later``)."""
+
+    iteration: int  # the plan that computed them; they go into iteration + 1's buffer
+    keys: npt.NDArray[np.int64]
+    grads: npt.NDArray[np.float32]
+
+
 class PlanStep(Step):
     """One iteration under a Herald plan (modes naive, on_demand, location_aware, herald)."""
+
+    later: LaterGradients | None = None  # left by the last plan, sent by this one
 
     def run(self, plan: CommPlan) -> tuple[Traffic, float]:
         cache, t = self.cache, plan.iteration
@@ -64,6 +78,7 @@ class PlanStep(Step):
         mb = self.mini_batch(plan)
         local, shared = self._split(plan, mb.keys)
         self._check_write_backs(plan)
+        deferred = self._check_later(plan)
         sends = Sends()
         if plan.evict.shape[0]:
             self._check_evictions(plan)
@@ -76,6 +91,11 @@ class PlanStep(Step):
         trained_here = np.isin(plan.write_back, mb.keys)
         idle = plan.write_back[~trained_here]
         idle_rows = self._write_back_idle(sends, idle) if idle.shape[0] else None
+        if self.later is not None:  # the last plan's pass-through gradients, into t's buffer
+            later, self.later = self.later, None
+            push = self.ps.push_gradients_async
+            self._send_idle(sends, partial(push, EMBEDDING_TABLE, later.keys, later.grads, t,
+                                           worker=self.worker))  # fmt: skip
         if pulling is not None:
             with self.timer("pull"):
                 traffic.state_pulls += self._admit_pulled(plan, pulling)
@@ -91,8 +111,13 @@ class PlanStep(Step):
         self.computed()
         if shared.shape[0]:
             grads = to_host(emb_grad[self.xp.asarray(shared)])
-            sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, plan.push_grads, grads, t,
-                                                   worker=self.worker))  # fmt: skip
+            keys = plan.push_grads
+            if deferred is not None:  # kept for the next plan, which sends them
+                self.later = LaterGradients(t, keys[deferred], grads[deferred])
+                keys, grads = keys[~deferred], grads[~deferred]
+            if keys.shape[0]:
+                sends.add(self.ps.push_gradients_async(EMBEDDING_TABLE, keys, grads, t,
+                                                       worker=self.worker))  # fmt: skip
             traffic.grad_pushes += plan.push_grads.shape[0]
         waited = self.dense.wait_seconds
         host_grad = to_host(dense_grad)
@@ -136,22 +161,48 @@ class PlanStep(Step):
                                         check_first=False)  # fmt: skip
 
     def _write_back_idle(self, sends: Sends, keys: npt.NDArray[np.int64]) -> WriteBackRows:
-        """Send the cached rows ``keys``, which this iteration does not change, joined to
-        ``sends``: at once, or, while the previous iteration's dense update still runs, once
-        it is done, so that they take the link's idle time, not the all-reduce's."""
+        """Send the cached rows ``keys``, which this iteration does not change, in idle
+        link time (:meth:`_send_idle`)."""
         rows = self.cache.rows_for_write_back(keys)
-        ahead = self.dense.running()
-        if ahead is None:
-            sends.add(self._send_rows(rows))
-        else:
-            sends.add(Sends.in_thread(self._send_after, ahead, rows))
+        self._send_idle(sends, partial(self._send_rows, rows))
         return rows
 
-    def _send_after(self, ahead: Future[None], rows: WriteBackRows) -> None:
+    def _send_idle(self, sends: Sends, send: Callable[[], Future[None]]) -> None:
+        """Start ``send``, joined to ``sends``: at once, or, while the previous iteration's
+        dense update still runs, once it is done, so that it takes the link's idle time,
+        not the all-reduce's."""
+        ahead = self.dense.running()
+        if ahead is None:
+            sends.add(send())
+        else:
+            sends.add(Sends.in_thread(self._send_after, ahead, send))
+
+    def _send_after(self, ahead: Future[None], send: Callable[[], Future[None]]) -> None:
         """On the send pool: wait for ``ahead`` (its error is the dense step's to raise),
-        then write ``rows`` back."""
+        then ``send``."""
         concurrent.futures.wait([ahead])
-        self._send_rows(rows).result()
+        send().result()
+
+    def _check_later(self, plan: CommPlan) -> npt.NDArray[np.bool_] | None:
+        """Which of ``plan.push_grads`` wait for the next plan (None: none), after the
+        checks: the last plan's gradients are for this iteration, and this plan's are a
+        sub-sequence of its pushes and not at a checkpoint or the end, whose commit must
+        hold every update; anything else is a mismatch."""
+        t = plan.iteration
+        if self.later is not None and self.later.iteration + 1 != t:
+            raise PlanMismatch(
+                f"plan {t} follows plan {self.later.iteration}, whose gradients worker "
+                f"{self.worker} keeps for iteration {self.later.iteration + 1}"
+            )
+        if not plan.push_later.shape[0]:
+            return None
+        mask = np.isin(plan.push_grads, plan.push_later)
+        if plan.stores_dense or not np.array_equal(plan.push_grads[mask], plan.push_later):
+            raise PlanMismatch(
+                f"plan {t}'s later pushes are not a sub-sequence of its pushes, or it ends a "
+                f"checkpoint or the run (worker {self.worker})"
+            )
+        return mask
 
     def _split(
         self, plan: CommPlan, keys: npt.NDArray[np.int64]

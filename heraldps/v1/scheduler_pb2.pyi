@@ -316,6 +316,7 @@ class CommPlan(_message.Message):
     PULL_EARLY_FIELD_NUMBER: _builtins.int
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     LR_SCALE_FIELD_NUMBER: _builtins.int
+    PUSH_LATER_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     worker_id: _builtins.int
     table: _builtins.str
@@ -334,7 +335,11 @@ class CommPlan(_message.Message):
     locally and keep the row (dirty under on-demand sync).
     """
     push_grads: _builtins.bytes
-    """int64 keys several workers train: push the gradient for `iteration`."""
+    """int64 keys whose gradient this worker pushes for `iteration` (the PS
+    applies it at the commit): keys several workers train, and, with a
+    look-ahead window, keys only this worker trains that no batch of the
+    window uses (pass-through rows, docs/scheduler.md#pass-through-rows).
+    """
     write_back: _builtins.bytes
     """int64 keys to write back (value, state, version) at the end of the
     iteration, ascending.
@@ -366,6 +371,15 @@ class CommPlan(_message.Message):
     every optimizer this worker applies for `iteration` (its cache's rows, its
     dense replica) uses lr * lr_scale. 0 (unset) means 1.0.
     """
+    push_later: _builtins.bytes
+    """int64 keys: a sub-sequence of `push_grads` (same order) whose gradients
+    the worker sends with its next plan, for iteration `iteration` + 1, in
+    link time that would otherwise idle, instead of before this iteration's
+    report. Only pass-through rows: no worker uses them in `iteration` + 1 or
+    pulls them before that iteration's commit, which applies them with the
+    same learning rate (the scheduler defers nothing at a checkpoint, at a
+    flush, at the end of the run, or when the next batch's lr_scale differs).
+    """
     @_builtins.property
     def mini_batch(self) -> _types_pb2.SampleBlock:
         """The samples named by `samples`, in that order, when the feeder submitted
@@ -389,10 +403,11 @@ class CommPlan(_message.Message):
         pull_early: _builtins.bytes = ...,
         checkpoint: _builtins.bool = ...,
         lr_scale: _builtins.float = ...,
+        push_later: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["mini_batch", b"mini_batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "lr_scale", b"lr_scale", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "push_grads", b"push_grads", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "lr_scale", b"lr_scale", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "push_grads", b"push_grads", "push_later", b"push_later", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

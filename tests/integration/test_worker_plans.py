@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from heraldps.bundled import bundled_data
-from heraldps.job import TrainingJob
+from heraldps.job import EMBEDDING_TABLE, TrainingJob
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import Scheduler
@@ -23,7 +23,7 @@ TRAIN, _ = bundled_data()
 
 
 def one_worker(
-    cluster: ClusterFactory, mode: str = "herald"
+    cluster: ClusterFactory, mode: str = "herald", look_ahead: int = 1
 ) -> tuple[PlanStep, list[CommPlan], TrainingJob]:
     """A plan step and the plans of 3 iterations, each carrying its samples."""
     job = TrainingJob(data=str(TRAIN), workers=1, batch_size_per_worker=16, iterations=3,
@@ -33,7 +33,7 @@ def one_worker(
     step = make_step(mode, job, 0, ps, job.cache_rows)
     assert isinstance(step, PlanStep)
     job.create_tables(ps)
-    scheduler = Scheduler(1, job.cache_rows, mode)
+    scheduler = Scheduler(1, job.cache_rows, mode, look_ahead=look_ahead)
     batches = global_batches(dataset, job.global_batch, job.iterations)
     plans: list[CommPlan] = []
     for t, batch in enumerate(batches):
@@ -142,3 +142,38 @@ def test_the_pipelined_step_joins_prefetched_and_late_rows(cluster: ClusterFacto
         assert np.array_equal(got, expected)
     assert np.array_equal(step.cache.clocks(step.cache.slots(keys)),
                           plain.cache.clocks(plain.cache.slots(keys)))  # fmt: skip
+
+
+def test_gradients_left_for_the_next_plan_update_the_rows_its_commit_applies(
+    cluster: ClusterFactory,
+) -> None:
+    """Pass-through gradients a plan leaves for the next one (``push_later``) go into the
+    next iteration's buffer: that iteration's commit leaves the PS as pushing them at once
+    did. A later list that is not a sub-sequence of the pushes, or one at a checkpoint, and
+    a plan that is not the iteration they wait for, are refused before anything is sent."""
+    none = np.empty(0, np.int64)
+    rows = []
+    for defer in (True, False):
+        step, plans, _ = one_worker(cluster, look_ahead=3)
+        later = plans[0].push_later
+        assert later.shape[0] > 1 and plans[1].push_later.shape[0] and not plans[2].push_later.size
+        before = step.ps.pull(EMBEDDING_TABLE, later)
+        for plan in plans:
+            step.run(plan if defer else replace(plan, push_later=none))
+            step.ps.commit(plan.iteration)
+            if plan.iteration == 0:  # deferred: commit 0 left them alone
+                after = step.ps.pull(EMBEDDING_TABLE, later)
+                assert np.array_equal(after[0], before[0]) == defer
+        keys = np.unique(np.concatenate([p.push_grads for p in plans]))
+        rows.append(step.ps.pull(EMBEDDING_TABLE, keys))
+    assert np.array_equal(rows[0][0], rows[1][0]) and np.array_equal(rows[0][1], rows[1][1])
+
+    step, plans, _ = one_worker(cluster, look_ahead=3)
+    first = plans[0]
+    with pytest.raises(PlanMismatch, match="not a sub-sequence"):
+        step.run(replace(first, push_later=first.push_later[::-1]))
+    with pytest.raises(PlanMismatch, match="not a sub-sequence"):
+        step.run(replace(first, checkpoint=True))
+    step.run(first)
+    with pytest.raises(PlanMismatch, match="keeps for iteration 1"):
+        step.run(plans[2])

@@ -114,6 +114,7 @@ def test_plan_invariants(
     for plan in plans:
         by_iteration.setdefault(plan.iteration, []).append(plan)
     ps_before: dict[int, int] = {}  # the PS when the previous iteration started
+    later: dict[int, int] = {}  # push_later of the previous iteration: key -> its version
     for batch in batches:
         group = by_iteration[batch.iteration]
         # An early pull reads the row before the previous iteration changes the PS: it
@@ -150,18 +151,30 @@ def test_plan_invariants(
         }  # fmt: skip
         through = mode_named(mode).on_demand_sync and look_ahead > 1
         pushed: set[int] = set()
+        deferred: set[int] = set()
         for p in group:
             for k in p.push_grads.tolist():
                 assert trainers[k] > 1 or (
                     through and k not in window and k not in dirty_before[p.worker]
                 ), (batch.iteration, p.worker, k)
                 pushed.add(k)
+            # Gradients sent later: pass-through rows only, never at a checkpoint; the
+            # next iteration's commit applies them (below), and until then the PS is old.
+            assert np.isin(p.push_later, p.push_grads).all()
+            assert all(trainers[k] == 1 for k in p.push_later.tolist())
+            assert not (p.push_later.shape[0] and p.checkpoint)
+            deferred.update(p.push_later.tolist())
             for k in p.update_local.tolist():
                 assert trainers[k] == 1
                 caches[p.worker][k] = (latest.get(k, 0) + 1, True)
+        for k, version in later.items():  # this commit applies the last iteration's
+            ps[k] = version
+        later = {}
         for k in trainers:
             latest[k] = latest.get(k, 0) + 1
-            if k in pushed:
+            if k in deferred:
+                later[k] = latest[k]
+            elif k in pushed:
                 ps[k] = latest[k]
         for p in group:
             for k in p.write_back.tolist():
@@ -171,6 +184,7 @@ def test_plan_invariants(
                 ps[k] = version
         if group[0].checkpoint:  # the PS alone holds the model once a checkpoint commits
             assert not any(dirty for cache in caches for _, dirty in cache.values())
+    assert not later, "the last iteration left gradients for one that never comes"
     flush = sum(dirty for cache in caches for _, dirty in cache.values())
     assert flush == scheduler.counts.final_flush
     if mode in ("naive", "location_aware"):
@@ -460,7 +474,8 @@ def test_a_row_no_batch_in_the_window_uses_is_trained_through_the_ps() -> None:
     co-trained one when no batch of the window uses it: its gradient is pushed, it is
     pulled without state and nothing is left dirty. A row the window uses, or one its
     trainer holds dirty, is updated locally; without a window, and under naive sync,
-    every such row is."""
+    every such row is. The gradient goes with the next plan (push_later) where the next
+    iteration's commit applies it as this one's would."""
     batches = one_key_batches([1, 2, 1, 3, 3, 2])  # 1: reused inside the window; 2: after
     herald = Scheduler(1, 10, "herald", look_ahead=3)
     plans = run(herald, batches)
@@ -480,6 +495,18 @@ def test_a_row_no_batch_in_the_window_uses_is_trained_through_the_ps() -> None:
     # so it stays local (a gradient pushed to the PS would miss the local update).
     for scheduler in (Scheduler(1, 10, "herald"), Scheduler(1, 10, "naive", look_ahead=3)):
         assert all(not p.push_grads.shape[0] for p in run(scheduler, batches))
+
+    # 2's gradient of iteration 1 goes with plan 2, into iteration 2's commit; the last
+    # iteration has no next one to take it.
+    assert [p.push_later.tolist() for p in plans] == [[], [2], [], [], [], []]
+    # Not at a checkpoint (iteration 1 with checkpoint_every 2), nor when the next batch
+    # trains with another learning rate: its commit would apply it with that one.
+    checkpointed = run(Scheduler(1, 10, "herald", look_ahead=3, checkpoint_every=2), batches)
+    assert checkpointed[1].push_grads.tolist() == [2] and checkpointed[1].checkpoint
+    decayed = [*batches[:2], *(replace(b, lr_scale=0.5) for b in batches[2:])]
+    slower = run(Scheduler(1, 10, "herald", look_ahead=3), decayed)
+    assert [p.push_grads.tolist() for p in slower] == [p.push_grads.tolist() for p in plans]
+    assert not any(p.push_later.shape[0] for p in [*checkpointed[:2], *slower])
 
 
 def test_look_ahead_holds_batches_and_releases_them_in_order() -> None:
