@@ -28,7 +28,10 @@ SCALES = [1.0] * 3 + [0.1] * 3 + [0.1 * 0.1] * 3
 
 # HET and naive give each worker the same samples; herald moves the dense rows through
 # the PS here (the commit's scale on the dense table), the others all-reduce them.
-RUNS = (("naive", "allreduce"), ("het", "allreduce"), ("herald", "ps"))
+# herald_pipelined looks 3 batches ahead: its pass-through gradients may go with the next
+# plan only where that iteration's lr is the same (without that check it fails here).
+RUNS = (("naive", "allreduce", 1), ("het", "allreduce", 1), ("herald", "ps", 1),
+        ("herald_pipelined", "allreduce", 3))  # fmt: skip
 
 
 def test_a_decayed_lr_trains_the_single_process_model_in_every_mode(tmp_path: Path) -> None:
@@ -40,9 +43,10 @@ def test_a_decayed_lr_trains_the_single_process_model_in_every_mode(tmp_path: Pa
     constant.train(train)
     assert not np.allclose(constant.dense_rows, reference.dense_rows, rtol=1e-3, atol=1e-6)
     models = {}
-    for mode, dense_sync in RUNS:
-        result = run_mode(replace(job, dense_sync=dense_sync), mode, 1, train, None,
-                          tmp_path / mode, keep_model=True, lr_scales=SCALES)  # fmt: skip
+    for mode, dense_sync, look_ahead in RUNS:
+        run = replace(job, dense_sync=dense_sync, look_ahead=look_ahead)
+        result = run_mode(run, mode, 1, train, None, tmp_path / mode, keep_model=True,
+                          lr_scales=SCALES)  # fmt: skip
         model = models[mode] = result.model
         assert_matches_reference(model, reference, mode)
     same = model_difference(models["het"], models["naive"])
