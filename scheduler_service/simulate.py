@@ -313,13 +313,19 @@ def early_line(result: dict[str, Any]) -> str | None:
     return "\n".join(lines)
 
 
+JSON_COUNTS = ("pulls", "pushes", "grad_pushes", "write_backs", "final_flush", "state_pulls",
+               "early_pulls")  # fmt: skip
+"""Per mode in ``--json``: Table 1's pulls and pushes first, then what splits them by bytes
+(a gradient, a write-back with its state, a pull with or without state)."""
+
+
 def write_json(result: dict[str, Any], path: str) -> None:
-    """``{"config": {...}, "modes": {MODE: {"pulls": P, "pushes": Q}}}`` as the issue fixes it;
-    with several look-aheads, ``"runs": [{"look_ahead": K, "modes": {...}}, ...]`` instead
-    of ``modes``."""
+    """``{"config": {...}, "modes": {MODE: {"pulls": P, "pushes": Q, ...}}}`` (the counts of
+    ``JSON_COUNTS``); with several look-aheads, ``"runs": [{"look_ahead": K, "modes": {...}},
+    ...]`` instead of ``modes``."""
 
     def moved(modes: dict[str, Any]) -> dict[str, Any]:
-        return {m: {"pulls": c["pulls"], "pushes": c["pushes"]} for m, c in modes.items()}
+        return {m: {k: c[k] for k in JSON_COUNTS} for m, c in modes.items()}
 
     out: dict[str, Any] = {"config": result["config"]}
     if "runs" in result:

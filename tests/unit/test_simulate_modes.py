@@ -74,3 +74,9 @@ def test_simulate_counts_every_look_ahead_asked_for(
     assert set(alone) == {"config", "modes", "fields"} and alone["config"]["look_ahead"] == 1
     # K = 1 in a list counts what K = 1 alone counts.
     assert result["runs"][0]["modes"] == alone["modes"]
+    # Table 1's two counts, and what splits them by bytes: pushes = gradients + write-backs.
+    for counts in alone["modes"].values():
+        assert list(counts) == ["pulls", "pushes", "grad_pushes", "write_backs", "final_flush",
+                                "state_pulls", "early_pulls"]  # fmt: skip
+        assert counts["pushes"] == counts["grad_pushes"] + counts["write_backs"]
+        assert counts["state_pulls"] <= counts["pulls"]
