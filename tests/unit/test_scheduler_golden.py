@@ -23,6 +23,10 @@ from scheduler_service.batch import Batch
 from scheduler_service.scheduler import Scheduler
 
 GOLDEN = Path(__file__).with_name("scheduler_golden.json")
+# The plan's lists when the digests were recorded; those added since (``push_later``) are
+# empty in these workloads, which look no batch ahead, and stay out of the digest.
+RECORDED_LISTS = ("samples", "evict", "pull", "update_local", "push_grads", "write_back",
+                  "pull_early")  # fmt: skip
 
 # name: (workers, samples per worker, fields, vocabulary, cache rows, batches, mode,
 #        checkpoint every). Caches are small so that evictions (of dirty rows too) happen.
@@ -72,6 +76,9 @@ def digest(name: str) -> dict[str, object]:
         h.update(np.array([plan.iteration, plan.worker, plan.checkpoint], np.int64).tobytes())
         for list_name in KEY_LISTS:
             keys = np.ascontiguousarray(getattr(plan, list_name), dtype=np.int64)
+            if list_name not in RECORDED_LISTS:
+                assert not keys.shape[0], (name, list_name)
+                continue
             h.update(np.int64(keys.shape[0]).tobytes())
             h.update(keys.tobytes())
     counts = scheduler.counts
