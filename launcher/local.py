@@ -601,14 +601,9 @@ def _monitor(
                            wait=PROCESS_EXIT_WAIT_SECONDS if errors else 0.0)  # fmt: skip
             if errors:
                 raise ClusterError(f"{mode}: feeding batches failed: {_rpc_text(errors[0])}")
-            exited = all(w.proc.poll() == 0 for w in workers)
-            if exited:
-                # Asked again: the last report's commit returned before its worker exited,
-                # so this answer has it (the one above may not: workers exit at once).
-                with contextlib.suppress(grpc.RpcError):
-                    status = stub.GetStatus(scheduler_pb2.GetStatusRequest(), timeout=ask_timeout)
-            seen = status is not None and status.committed_iteration > after
-            if seen and first_commit is None and not exited:  # exited: timed from the start
+            if all(w.proc.poll() == 0 for w in workers):
+                return first_commit
+            if status is not None and status.committed_iteration > after and first_commit is None:
                 first_commit = time.perf_counter()
                 if on_first_commit is not None:
                     on_first_commit(first_commit)
@@ -622,8 +617,6 @@ def _monitor(
                     "pushes": r.pushed_gradient_rows + r.written_back_rows,
                 }
                 progress.update(mode, status.committed_iteration + 1, iterations, so_far)
-            if exited:
-                return first_commit
             time.sleep(0.05)
 
 
