@@ -155,17 +155,12 @@ def serve_until_signal(process: GrpcProcess) -> int:
     """Run until SIGTERM/SIGINT (or the process stops itself), then drain; return the
     process's exit code (0 unless it stopped because it failed)."""
     process.start()
-    drains: list[threading.Thread] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("signal %d: draining", signum)
-        drain = threading.Thread(target=process.stop, name="drain")
-        drains.append(drain)
-        drain.start()
+        threading.Thread(target=process.stop, name="drain").start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     process.wait()
-    for drain in drains:  # the server stopped; the drain may still close stores after it
-        drain.join()
     return process.exit_code
