@@ -25,6 +25,14 @@ KEY_LISTS = (
 )  # fmt: skip
 
 
+def sub_sequence_mask(keys: Keys, part: Keys) -> npt.NDArray[np.bool_] | None:
+    """Which of ``keys`` are in ``part``, or None unless ``part`` is a sub-sequence of
+    ``keys`` (its keys among them, in their order): the shape of ``pull_early`` within
+    ``pull`` and of ``push_later`` within ``push_grads``."""
+    mask = np.isin(keys, part)
+    return mask if np.array_equal(keys[mask], part) else None
+
+
 def _empty() -> Keys:
     return np.empty(0, dtype=np.int64)
 

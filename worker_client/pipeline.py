@@ -42,7 +42,7 @@ import numpy.typing as npt
 from heraldps.client import PSClient, rpc
 from heraldps.client.core import Pulled
 from heraldps.job import TrainingJob
-from heraldps.plan import CommPlan, plan_from_proto
+from heraldps.plan import CommPlan, plan_from_proto, sub_sequence_mask
 from heraldps.traffic import Traffic
 from heraldps.v1 import scheduler_pb2
 from worker_client.dense_sync import DenseSync
@@ -157,8 +157,8 @@ class PipelinedPlanStep(PlanStep):
 
     def _check_early(self, plan: CommPlan) -> npt.NDArray[np.bool_]:
         """Which pulls are early; ``PlanMismatch`` unless they are ``pull_early`` in order."""
-        mask = np.isin(plan.pull, plan.pull_early)
-        if not np.array_equal(plan.pull[mask], plan.pull_early):
+        mask = sub_sequence_mask(plan.pull, plan.pull_early)
+        if mask is None:
             raise PlanMismatch(
                 f"plan {plan.iteration}'s early pulls are not a sub-sequence of its pulls "
                 f"(worker {self.worker})"

@@ -47,7 +47,7 @@ from heraldps.errors import FailedPrecondition
 from heraldps.job import EMBEDDING_TABLE
 from heraldps.keyindex import KeyIndex
 from heraldps.optim import scaled
-from heraldps.plan import CommPlan
+from heraldps.plan import CommPlan, sub_sequence_mask
 from heraldps.traffic import Traffic
 from worker_client.cache import WriteBackRows
 from worker_client.sends import Sends
@@ -196,8 +196,8 @@ class PlanStep(Step):
             )
         if not plan.push_later.shape[0]:
             return None
-        mask = np.isin(plan.push_grads, plan.push_later)
-        if plan.stores_dense or not np.array_equal(plan.push_grads[mask], plan.push_later):
+        mask = sub_sequence_mask(plan.push_grads, plan.push_later)
+        if plan.stores_dense or mask is None:
             raise PlanMismatch(
                 f"plan {t}'s later pushes are not a sub-sequence of its pushes, or it ends a "
                 f"checkpoint or the run (worker {self.worker})"
