@@ -153,6 +153,16 @@ def stop_all(processes: list[ManagedProcess], timeout: float = 15.0) -> None:
         process.wait_stopped(deadline)
 
 
+def stop_cluster(processes: list[ManagedProcess], timeout: float = 15.0) -> None:
+    """Stop a cluster: the shards' clients first (workers, then the scheduler), then the
+    shards, each group within ``timeout``. The scheduler's last call gives its claim on the
+    shards back (``scheduler_service/claim.py``); stopped with the shards, it found them
+    gone and waited out its 2 s release timeout on every run's exit."""
+    shards = [p for p in processes if p.name.startswith("ps-")]
+    stop_all([p for p in processes[::-1] if p not in shards], timeout)
+    stop_all(shards, timeout)
+
+
 def start_servers(processes: list[ManagedProcess]) -> None:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     for process in processes:

@@ -48,7 +48,7 @@ from launcher.cluster import (
     ps_process,
     scheduler_process,
     start_servers,
-    stop_all,
+    stop_cluster,
     worker_process,
 )
 from launcher.export import export_from_ps
@@ -527,7 +527,7 @@ class _Attempt:
             raise ClusterError(f"{mode}: {exc}; exited: {', '.join(dead) or 'none'}") from exc
         finally:
             stop.set()
-            stop_all(processes[::-1])
+            stop_cluster(processes)
 
 
 def _next_batch(address: str) -> int:

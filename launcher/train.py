@@ -46,7 +46,7 @@ from launcher.cluster import (
     ps_process,
     scheduler_process,
     start_servers,
-    stop_all,
+    stop_cluster,
     worker_process,
 )
 from launcher.export import export_from_ps
@@ -261,7 +261,7 @@ class Trainer:
             raise ClusterError(f"{mode}: {exc}; exited: {', '.join(dead) or 'none'}") from exc
         finally:
             self.stop.set()
-            stop_all(self.processes[::-1])
+            stop_cluster(self.processes)
 
     def _batches_per_epoch(self) -> int:
         job = self.job
