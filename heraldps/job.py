@@ -27,6 +27,7 @@ from heraldps.model import DeepFM, ModelConfig
 from heraldps.modes import (
     EARLY_WRITE_BACK_ALL,
     check_look_ahead,
+    check_prefetch_plans,
     early_write_back_cap,
     mode_named,
 )
@@ -76,6 +77,9 @@ class TrainingJob:
     # Batches the scheduler sees beyond the plan it releases, 1..32
     # (docs/scheduler.md#look-ahead); 1: one batch, as before.
     look_ahead: int = 1
+    # herald_pipelined: plans ahead a worker pulls early rows for, 1..8
+    # (docs/scheduler.md#prefetch-beyond-the-next-plan); 1: the next plan, as before.
+    prefetch_plans: int = 1
     optimizer: str = "adagrad"
     lr: float | None = None
     # L2 on the embedding rows a step updates and on the dense parameters (weight decay):
@@ -109,6 +113,7 @@ class TrainingJob:
                 raise InvalidArgument(f"{flag} must be a finite number >= 0 (0: off), got {l2}")
         early_write_back_cap(self.early_write_back)  # -1, 0 or a row count
         check_look_ahead(self.look_ahead, "--look-ahead")
+        check_prefetch_plans(self.prefetch_plans, "--prefetch-plans")
         if self.staleness < 0:
             raise InvalidArgument(f"--staleness must be >= 0, got {self.staleness}")
         if self.dense_sync not in DENSE_SYNCS:

@@ -16,7 +16,7 @@ from typing import Any
 
 from heraldps.errors import InvalidArgument
 from heraldps.job import TrainingJob
-from heraldps.modes import check_look_ahead, early_write_back_setting
+from heraldps.modes import check_look_ahead, check_prefetch_plans, early_write_back_setting
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "data": (
@@ -33,7 +33,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "cluster": (
         "mode", "workers", "batch_size_per_worker", "shards", "store", "cache_gb",
         "cache_fraction", "staleness", "policy", "device", "dense_sync", "max_restarts",
-        "early_write_back", "look_ahead",
+        "early_write_back", "look_ahead", "prefetch_plans",
     ),
     "output": ("dir",),
 }  # fmt: skip
@@ -273,6 +273,10 @@ def from_dict(raw: dict[str, Any], path: Path | None = None) -> JobFile:
         )
     if "look_ahead" in cl:
         params["look_ahead"] = check_look_ahead(cl["look_ahead"], "cluster.look_ahead")
+    if "prefetch_plans" in cl:
+        params["prefetch_plans"] = check_prefetch_plans(
+            cl["prefetch_plans"], "cluster.prefetch_plans"
+        )
     job = TrainingJob(**params)
     output = out.get("dir")
     if output is not None:

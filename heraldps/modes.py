@@ -136,6 +136,23 @@ def check_look_ahead(batches: object, name: str = "look_ahead") -> int:
     return batches
 
 
+MAX_PREFETCH_PLANS = 8
+
+
+def check_prefetch_plans(plans: object, name: str = "prefetch_plans") -> int:
+    """A prefetch setting (``name`` in the error): how many plans ahead a
+    ``herald_pipelined`` worker may hold and pull early rows for, 1 (plan t+1 while t
+    trains, the default) to ``MAX_PREFETCH_PLANS``. Other modes ignore it."""
+    if isinstance(plans, bool) or not isinstance(plans, int):
+        raise InvalidArgument(f"{name} must be a whole number of plans, got {plans!r}")
+    if not 1 <= plans <= MAX_PREFETCH_PLANS:
+        raise InvalidArgument(
+            f"{name} must be 1 (the next plan, the default) to {MAX_PREFETCH_PLANS} plans, "
+            f"got {plans}"
+        )
+    return plans
+
+
 # The scheduler keeps one bit per worker in its cache-mirror masks (uint64).
 MAX_WORKERS = 64
 

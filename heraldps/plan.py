@@ -37,6 +37,10 @@ def _empty() -> Keys:
     return np.empty(0, dtype=np.int64)
 
 
+def _no_leads() -> npt.NDArray[np.uint8]:
+    return np.empty(0, dtype=np.uint8)
+
+
 @dataclass
 class CommPlan:
     """One worker's instructions for one iteration (Herald's communication plan).
@@ -55,6 +59,11 @@ class CommPlan:
     ``pull_early`` (mode ``herald_pipelined`` only) is a sub-sequence of ``pull``:
     keys nobody pushes or writes back in the previous iteration, so its commit
     leaves them as they are; a worker may fetch them while that iteration trains.
+    ``pull_early_from`` (with ``--prefetch-plans`` above 1; empty means all 1) gives, for
+    each key of ``pull_early``, how many iterations ahead it may be pulled: n when no
+    iteration from ``iteration - n`` to ``iteration - 1`` changes it, so the worker may
+    pull it while it trains ``iteration - n`` (iteration ``iteration - n - 1`` is
+    committed by then, and nothing later changes the row before this plan runs).
 
     ``push_later`` is a sub-sequence of ``push_grads``: gradients the worker sends with
     its next plan, into the next iteration's buffer, off this iteration's critical path
@@ -72,6 +81,7 @@ class CommPlan:
     write_back: Keys = field(default_factory=_empty)
     pull_early: Keys = field(default_factory=_empty)
     push_later: Keys = field(default_factory=_empty)
+    pull_early_from: npt.NDArray[np.uint8] = field(default_factory=_no_leads)
     final_flush: bool = False  # after this iteration, write back every dirty row
     checkpoint: bool = False  # the iteration ends a checkpoint: store the dense replica too
     # Multiplies every optimizer's lr in this iteration (SubmitBatchRequest.lr_scale).
@@ -96,7 +106,17 @@ class CommPlan:
         """Equal field by field (arrays compared by value and order)."""
         if (self.iteration, self.worker) != (other.iteration, other.worker):
             return False
-        return all(np.array_equal(getattr(self, name), getattr(other, name)) for name in KEY_LISTS)
+        return all(
+            np.array_equal(getattr(self, name), getattr(other, name))
+            for name in (*KEY_LISTS, "pull_early_from")
+        )
+
+    def early_leads(self) -> npt.NDArray[np.int64]:
+        """For each key of ``pull_early``, how many iterations before this plan's the
+        worker may pull it (``pull_early_from``, 1 for every key when that is empty)."""
+        if not self.pull_early_from.shape[0]:
+            return np.ones(self.pull_early.shape[0], dtype=np.int64)
+        return self.pull_early_from.astype(np.int64)
 
 
 def plan_to_proto(plan: CommPlan, table: str) -> scheduler_pb2.CommPlan:
@@ -110,6 +130,7 @@ def plan_to_proto(plan: CommPlan, table: str) -> scheduler_pb2.CommPlan:
     )
     for name in KEY_LISTS:
         setattr(msg, name, wire.encode_keys(getattr(plan, name)))
+    msg.pull_early_from = np.ascontiguousarray(plan.pull_early_from, dtype=np.uint8).tobytes()
     if plan.mini_batch is not None:
         msg.mini_batch.CopyFrom(encode_samples(plan.mini_batch))
     return msg
@@ -126,6 +147,7 @@ def plan_from_proto(msg: scheduler_pb2.CommPlan) -> CommPlan:
     )
     for name in KEY_LISTS:
         setattr(plan, name, wire.decode_keys(getattr(msg, name), name))
+    plan.pull_early_from = np.frombuffer(msg.pull_early_from, dtype=np.uint8)
     if msg.HasField("mini_batch"):
         plan.mini_batch = decode_samples(msg.mini_batch, "mini_batch")
     return plan

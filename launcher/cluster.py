@@ -199,17 +199,20 @@ def scheduler_process(
     expected_keys: int = 0,
     early_write_back: int = EARLY_WRITE_BACK_ALL,
     look_ahead: int = 1,
+    prefetch_plans: int = 1,
 ) -> ManagedProcess:
     """The scheduler; ``compress_plans`` gzips its plan streams (on slow emulated links);
     ``extra``: more ``heraldps scheduler`` flags (checkpoints, resume); ``worker_timeout``:
-    its ``--worker-timeout``."""
+    its ``--worker-timeout``; ``prefetch_plans`` also raises ``--max-backlog`` to what
+    it needs."""
     args = ["scheduler", "--host", host, "--port", "0", "--metrics-port", "0",
             "--workers", str(workers), "--cache-rows", str(cache_rows), "--mode", mode,
             "--ps", ",".join(ps), "--grace-seconds", "5",
             "--threads", str(2 * workers + 8), "--worker-timeout", str(worker_timeout),
             "--expected-keys", str(expected_keys),
             "--early-write-back", str(early_write_back),
-            "--look-ahead", str(look_ahead)]  # fmt: skip
+            "--look-ahead", str(look_ahead), "--prefetch-plans", str(prefetch_plans),
+            "--max-backlog", str(max(4, prefetch_plans + 1))]  # fmt: skip
     if compress_plans:
         args.append("--compress-plans")
     args += extra

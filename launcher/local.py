@@ -454,7 +454,8 @@ class _Attempt:
                                           worker_timeout=self.recovery.worker_timeout,
                                           expected_keys=job.distinct_keys or 0,
                                           early_write_back=job.early_write_back,
-                                          look_ahead=job.look_ahead)  # fmt: skip
+                                          look_ahead=job.look_ahead,
+                                          prefetch_plans=job.prefetch_plans)  # fmt: skip
             processes.append(scheduler)
             start_servers([scheduler])
             start = self.resumed_at = _next_batch(scheduler.address)

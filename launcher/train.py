@@ -202,6 +202,7 @@ class Trainer:
                                       self.workdir, expected_keys=keys,
                                       early_write_back=job.early_write_back,
                                       look_ahead=job.look_ahead,
+                                      prefetch_plans=job.prefetch_plans,
                                       extra=self._scheduler_flags(resume))  # fmt: skip
         self.processes.append(scheduler)
         start_servers([scheduler])

@@ -5,7 +5,8 @@ watchers block on the condition until their next plan may flow (released,
 and the previous iteration committed). In mode ``herald_pipelined`` plans flow
 one iteration ahead: plan t+1 once t-1 is committed, so a worker holds it (and
 fetches its early pulls) while it trains t; the plan's early marks are exactly
-the rows t's commit cannot change, and t-1's commit has happened.
+the rows t's commit cannot change, and t-1's commit has happened. With
+``--prefetch-plans P`` plans t+1 .. t+P flow once t-1 is committed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from heraldps.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from heraldps.modes import mode_named
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import SampleScheduler, Scheduler
@@ -72,8 +72,9 @@ class Barrier:
         self._commit = commit
         self.max_backlog = max_backlog
         # How many iterations a plan may run ahead of the last commit: 1 is BSP's (plan
-        # t+1 after t's commit); the pipelined mode's plan t+1 flows after t-1's.
-        self.lead = mode_named(scheduler.mode).plans_ahead
+        # t+1 after t's commit); the pipelined mode's plan t+1 flows after t-1's, and with
+        # --prefetch-plans P its plan t+P does.
+        self.lead = scheduler.plans_ahead
         self.registered: set[int] = set()
         self._collective: dict[int, str] = {}  # worker -> its Collective service's address
         self.committed = -1

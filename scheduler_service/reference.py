@@ -45,6 +45,7 @@ class ReferenceScheduler:
         early: bool = False,
         early_write_back: int = EARLY_WRITE_BACK_ALL,
         look_ahead: int = 1,
+        prefetch_plans: int = 1,
     ) -> None:
         self.num_workers = num_workers
         self.look_ahead = check_look_ahead(look_ahead)
@@ -53,10 +54,12 @@ class ReferenceScheduler:
         # every one), or none.
         self.early_cap = early_write_back_cap(early_write_back)
         self.early_write_back = early_write_back != 0 and sync == "on_demand"
-        # Mark early pulls: keys of the last released iteration's pushes and write-backs
-        # (None before the first release, when nothing is marked).
+        # Mark early pulls: keys of the last released iterations' pushes and write-backs,
+        # the newest last (none before the first release, when nothing is marked); with
+        # ``prefetch_plans`` above 1, the last that many, for each early key's lead.
         self.early = early
-        self.changed_before: set[int] | None = None
+        self.prefetch_plans = prefetch_plans
+        self.changed_before: deque[set[int]] = deque(maxlen=prefetch_plans)
         self.later_before: set[int] = set()  # push_later of the last released iteration
         self.capacity = capacity
         self.partition = partition
@@ -78,11 +81,13 @@ class ReferenceScheduler:
         mode: str,
         early_write_back: int = EARLY_WRITE_BACK_ALL,
         look_ahead: int = 1,
+        prefetch_plans: int = 1,
     ) -> ReferenceScheduler:
         fields = mode_named(mode)
         sync = "on_demand" if fields.on_demand_sync else "naive"
         return cls(num_workers, capacity, fields.partitioner, sync, early=fields.early_pulls,
-                   early_write_back=early_write_back, look_ahead=look_ahead)  # fmt: skip
+                   early_write_back=early_write_back, look_ahead=look_ahead,
+                   prefetch_plans=prefetch_plans)  # fmt: skip
 
     def valid(self, worker: int, key: int) -> bool:
         row = self.caches[worker].get(key)
@@ -299,15 +304,28 @@ class ReferenceScheduler:
             added = extra.get(plan.worker, [])
             plan.write_back = np.array(sorted([*plan.write_back.tolist(), *added]), np.int64)
         if self.early and self.pending:
-            if self.changed_before is not None:
+            if self.changed_before:
                 for plan in self.pending:
-                    early = [k for k in plan.pull.tolist() if k not in self.changed_before]
+                    early, leads = [], []
+                    for k in plan.pull.tolist():
+                        # Iterations back, from the newest, that leave k unchanged.
+                        lead = next((back for back, changed in
+                                     enumerate(reversed(self.changed_before)) if k in changed),
+                                    len(self.changed_before))  # fmt: skip
+                        if lead:
+                            early.append(k)
+                            leads.append(lead)
                     plan.pull_early = np.array(early, dtype=np.int64)
-            self.changed_before = {
-                k
-                for plan in self.pending
-                for k in [*plan.push_grads.tolist(), *plan.write_back.tolist()]
-            } | self.later_before  # gradients sent later are applied by this commit
+                    if self.prefetch_plans > 1:
+                        plan.pull_early_from = np.array(leads, dtype=np.uint8)
+            self.changed_before.append(
+                {
+                    k
+                    for plan in self.pending
+                    for k in [*plan.push_grads.tolist(), *plan.write_back.tolist()]
+                }
+                | self.later_before
+            )  # gradients sent later are applied by this commit
             self.later_before = {k for plan in self.pending for k in plan.push_later.tolist()}
         for plan in self.pending:
             self.counts.add_plan(plan)

@@ -33,6 +33,7 @@ from heraldps.modes import (
     LOCATION_AWARE,
     SEQUENTIAL,
     check_look_ahead,
+    check_prefetch_plans,
     early_write_back_cap,
     mode_named,
 )
@@ -191,23 +192,46 @@ class EarlyPulls:
     gradients, so such a key's row after that iteration's commit is the one on the PS
     while it trains. The first plans a scheduler releases get no marks (it does not know
     the iteration before them). A final flush has no next plan, so it needs no place here.
+
+    With ``depth`` above 1 (``--prefetch-plans``: plan t+depth flows once t-1 is
+    committed) each early key also gets how many of the iterations before its plan leave
+    it unchanged (``CommPlan.pull_early_from``, 1 to ``depth``), from the keys the last
+    ``depth`` released iterations changed. Iterations before the first one released are
+    committed when it is, so a key none of the recorded ones changes gets their number.
     """
 
-    def __init__(self) -> None:
-        self._changed: npt.NDArray[np.int64] | None = None  # sorted, distinct
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = depth
+        # The keys each of the last ``depth`` released iterations changes (sorted,
+        # distinct), the newest last.
+        self._changed: deque[npt.NDArray[np.int64]] = deque(maxlen=depth)
         self._later = np.empty(0, np.int64)  # the last iteration's ``push_later``
 
     def mark(self, plans: list[CommPlan]) -> None:
-        """Set ``pull_early`` of ``plans`` (one iteration's, final lists) and remember
-        the keys they change for the next iteration's plans: their pushes and write-backs,
-        and the gradients the iteration before sent later, which their commit applies."""
-        if self._changed is not None:
+        """Set ``pull_early`` (and ``pull_early_from``) of ``plans`` (one iteration's,
+        final lists) and remember the keys they change for the next iterations' plans:
+        their pushes and write-backs, and the gradients the iteration before sent later,
+        which their commit applies."""
+        if self._changed:
             for plan in plans:
-                plan.pull_early = plan.pull[~_member(plan.pull, self._changed)]
+                leads = self.leads(plan.pull)
+                early = leads > 0
+                plan.pull_early = plan.pull[early]
+                if self.depth > 1:
+                    plan.pull_early_from = leads[early].astype(np.uint8)
         if plans:
             lists = [a for p in plans for a in (p.push_grads, p.write_back)]
-            self._changed = np.unique(np.concatenate([*lists, self._later]))
+            self._changed.append(np.unique(np.concatenate([*lists, self._later])))
             self._later = np.concatenate([p.push_later for p in plans])
+
+    def leads(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """For each of ``keys``, how many of the recorded iterations, from the newest back,
+        leave it unchanged: 0 when the newest changes it."""
+        leads = np.full(keys.shape[0], len(self._changed), dtype=np.int64)
+        for back, changed in enumerate(reversed(self._changed)):
+            hit = _member(keys, changed) & (leads > back)
+            leads[hit] = back
+        return leads
 
 
 def _pass_through_keys(
@@ -281,16 +305,19 @@ class Scheduler:
         expected_keys: int = 0,
         early_write_back: int = EARLY_WRITE_BACK_ALL,
         look_ahead: int = 1,
+        prefetch_plans: int = 1,
     ) -> None:
         fields = mode_named(mode)
         early_cap = early_write_back_cap(early_write_back)
         self.look_ahead = check_look_ahead(look_ahead)
+        # herald_pipelined: plans flow this many iterations ahead of the one training.
+        self.prefetch_plans = check_prefetch_plans(prefetch_plans) if fields.early_pulls else 1
         if not fields.plans_rows:
             raise InvalidArgument(f"mode {mode!r} plans samples only; use make_scheduler")
         self.mode = mode
         self.partitioner = PARTITIONERS[fields.partitioner]()
         self.planner: SyncPlanner = OnDemandSync() if fields.on_demand_sync else NaiveSync()
-        self.early = EarlyPulls() if fields.early_pulls else None
+        self.early = EarlyPulls(self.prefetch_plans) if fields.early_pulls else None
         self.mirror = CacheMirror(num_workers, capacity, expected_keys)
         self.counts = Traffic()
         self.checkpoint_every = checkpoint_every
@@ -315,6 +342,11 @@ class Scheduler:
     @property
     def num_workers(self) -> int:
         return self.mirror.num_workers
+
+    @property
+    def plans_ahead(self) -> int:
+        """Iterations whose plans a worker may hold before the oldest is committed."""
+        return mode_named(self.mode).plans_ahead + self.prefetch_plans - 1
 
     @property
     def capacity(self) -> int:
@@ -619,6 +651,7 @@ class SampleScheduler:
     """
 
     mode = HET_MODE
+    plans_ahead = 1  # BSP: plan t+1 flows once t is committed
 
     def __init__(self, num_workers: int, capacity: int, checkpoint_every: int = 0) -> None:
         if capacity < 1:
@@ -667,6 +700,7 @@ def make_scheduler(
     expected_keys: int = 0,
     early_write_back: int = EARLY_WRITE_BACK_ALL,
     look_ahead: int = 1,
+    prefetch_plans: int = 1,
 ) -> Scheduler | SampleScheduler:
     """The scheduler of a service mode: a Herald mode of ``MODES``, or ``het``.
 
@@ -674,9 +708,10 @@ def make_scheduler(
     ``early_write_back``: rows per worker and iteration written back early (-1: every
     idle dirty row; 0: none); ``look_ahead``: batches the scheduler sees beyond the plan
     it releases (1 to ``heraldps.modes.MAX_LOOK_AHEAD``; HET plans samples only and
-    ignores it)."""
+    ignores it); ``prefetch_plans``: how many plans ahead a ``herald_pipelined`` worker
+    may pull early rows for (other modes ignore it)."""
     check_look_ahead(look_ahead)
     if mode_named(mode).het:
         return SampleScheduler(num_workers, capacity, checkpoint_every)
     return Scheduler(num_workers, capacity, mode, checkpoint_every, expected_keys,
-                     early_write_back, look_ahead)  # fmt: skip
+                     early_write_back, look_ahead, prefetch_plans)  # fmt: skip

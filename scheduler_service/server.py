@@ -10,7 +10,13 @@ from dataclasses import asdict, dataclass, field
 from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.fence import MAX_LEASE_SECONDS, MAX_RUN_ID_CHARS, MIN_LEASE_SECONDS
-from heraldps.modes import EARLY_WRITE_BACK_ALL, MODES, check_look_ahead, mode_named
+from heraldps.modes import (
+    EARLY_WRITE_BACK_ALL,
+    MODES,
+    check_look_ahead,
+    check_prefetch_plans,
+    mode_named,
+)
 from heraldps.ports import check_port
 from heraldps.security import ClientSecurity, ServerSecurity
 from heraldps.serving import GrpcProcess, serve_until_signal
@@ -51,6 +57,8 @@ class SchedulerConfig:
     early_write_back: int = EARLY_WRITE_BACK_ALL
     # Batches the scheduler sees beyond the plan it releases (1..32; it holds them).
     look_ahead: int = 1
+    # herald_pipelined: plans a worker may hold and pull early rows for (1..8).
+    prefetch_plans: int = 1
     table: str = "emb"
     ps: tuple[str, ...] = field(default_factory=tuple)
     host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly
@@ -87,6 +95,7 @@ class SchedulerConfig:
         check_port(self.port, "--port")
         check_port(self.metrics_port, "--metrics-port")
         check_look_ahead(self.look_ahead, "--look-ahead")  # InvalidArgument, as the flag's
+        check_prefetch_plans(self.prefetch_plans, "--prefetch-plans")
         if len(self.run_id) > MAX_RUN_ID_CHARS:
             raise ValueError(f"--run-id has at most {MAX_RUN_ID_CHARS} characters")
         if not MIN_LEASE_SECONDS <= self.claim_lease_seconds <= MAX_LEASE_SECONDS:
@@ -112,10 +121,11 @@ class SchedulerConfig:
                 f"--max-streams {self.max_streams} is too few for {self.workers} workers' "
                 f"plan streams; use at least {self.workers} (0: workers + 16)"
             )
-        if self.pipelined and self.max_backlog < 2:
+        if self.pipelined and self.max_backlog < self.prefetch_plans + 1:
             raise ValueError(
-                f"--mode {self.mode} releases plan t+1 while t trains, which needs "
-                f"--max-backlog 2 or more, got {self.max_backlog}"
+                f"--mode {self.mode} releases plans up to t+{self.prefetch_plans} while t "
+                f"trains (--prefetch-plans {self.prefetch_plans}), which needs --max-backlog "
+                f"{self.prefetch_plans + 1} or more, got {self.max_backlog}"
             )
 
     @property
@@ -143,6 +153,7 @@ class SchedulerServer(GrpcProcess):
         scheduler = make_scheduler(
             config.workers, config.cache_rows, config.mode, config.checkpoints.every,
             config.expected_keys, config.early_write_back, config.look_ahead,
+            config.prefetch_plans,
         )  # fmt: skip
         self.barrier = Barrier(scheduler, self._commit, config.max_backlog)
         self.run_id = (

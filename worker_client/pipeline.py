@@ -100,9 +100,14 @@ class PlanFeed:
 
     def upcoming(self) -> CommPlan | None:
         """The next plan if it has arrived (the worker has not asked for it yet), else None."""
+        held = self.held()
+        return held[0] if held else None
+
+    def held(self) -> list[CommPlan]:
+        """Every plan that has arrived and the worker has not asked for yet, in order
+        (more than one with ``--prefetch-plans`` above 1)."""
         with self._changed:
-            item = self._arrived[0] if self._arrived else None
-        return item.plan if isinstance(item, Received) else None
+            return [item.plan for item in self._arrived if isinstance(item, Received)]
 
     def _read(self) -> None:
         end: BaseException | object = _END
@@ -119,8 +124,17 @@ class PlanFeed:
             self._changed.notify_all()
 
 
+@dataclass
+class _Prefetched:
+    """The early pulls of one held plan started so far."""
+
+    pull_early: npt.NDArray[np.int64]  # the plan's, to match the plan that runs
+    started: npt.NDArray[np.bool_]  # which of them are pulled (or being pulled)
+    parts: list[tuple[npt.NDArray[np.int64], Future[Pulled]]]  # (positions in pull_early, rows)
+
+
 class PipelinedPlanStep(PlanStep):
-    """A plan step that starts the next plan's early pulls while it runs this one."""
+    """A plan step that starts later plans' early pulls while it runs this one."""
 
     def __init__(
         self,
@@ -132,44 +146,61 @@ class PipelinedPlanStep(PlanStep):
         dense: DenseSync | None = None,
     ) -> None:
         super().__init__(job, worker, ps, cache_rows, xp, dense)
-        self.upcoming: Callable[[], CommPlan | None] = lambda: None
-        self._early: dict[int, tuple[npt.NDArray[np.int64], Future[Pulled]]] = {}
+        self.held: Callable[[], list[CommPlan]] = list
+        self._early: dict[int, _Prefetched] = {}
         self._running = -1
         self._early_pulled = 0
 
-    def follow(self, upcoming: Callable[[], CommPlan | None]) -> None:
-        """Where to look for the next plan while one runs (``PlanFeed.upcoming``)."""
-        self.upcoming = upcoming
+    def follow(self, held: Callable[[], list[CommPlan]]) -> None:
+        """Where to look for the plans after the running one (``PlanFeed.held``)."""
+        self.held = held
 
     def prefetch(self, plan: CommPlan) -> None:
-        """Start pulling ``plan``'s early rows now, once.
+        """Start pulling the early rows of ``plan`` that may be read now, once each.
 
-        Only while the plan before it runs (after the commit two iterations before
-        ``plan``), as ``run`` does. Early keys must be a sub-sequence of the pulls, else
-        ``PlanMismatch`` before anything is sent.
+        Only while an earlier plan runs: a key ``pull_early_from`` says may be pulled n
+        iterations ahead is pulled once the running iteration is ``plan.iteration - n`` or
+        later (the one before it is committed then). Early keys must be a sub-sequence of
+        the pulls, with one lead of 1 or more each, else ``PlanMismatch`` before anything
+        is sent.
         """
         early = plan.pull_early
-        if not early.shape[0] or plan.iteration in self._early:
+        if not early.shape[0] or plan.iteration <= self._running:
             return
-        self._check_early(plan)
-        future = self.pull_rows(plan, early)
-        self._early[plan.iteration] = (early, future)
+        known = self._early.get(plan.iteration)
+        if known is None:
+            self._check_early(plan)
+            known = _Prefetched(early, np.zeros(early.shape[0], dtype=bool), [])
+            self._early[plan.iteration] = known
+        readable = ~known.started & (plan.iteration - plan.early_leads() <= self._running)
+        if not readable.any():
+            return
+        positions = np.flatnonzero(readable)
+        known.started[positions] = True
+        known.parts.append((positions, self.pull_rows(plan, early[positions])))
 
     def _check_early(self, plan: CommPlan) -> npt.NDArray[np.bool_]:
-        """Which pulls are early; ``PlanMismatch`` unless they are ``pull_early`` in order."""
+        """Which pulls are early; ``PlanMismatch`` unless they are ``pull_early`` in order,
+        each with a lead of 1 or more (or none given)."""
         mask = sub_sequence_mask(plan.pull, plan.pull_early)
         if mask is None:
             raise PlanMismatch(
                 f"plan {plan.iteration}'s early pulls are not a sub-sequence of its pulls "
                 f"(worker {self.worker})"
             )
+        leads = plan.pull_early_from
+        if leads.shape[0] and (leads.shape[0] != plan.pull_early.shape[0] or leads.min() < 1):
+            raise PlanMismatch(
+                f"plan {plan.iteration} gives {leads.shape[0]} leads for "
+                f"{plan.pull_early.shape[0]} early pulls, each must be 1 or more "
+                f"(worker {self.worker})"
+            )
         return mask
 
     def _prefetch_upcoming(self) -> None:
-        """Start the next plan's early pulls if it has arrived."""
-        upcoming = self.upcoming()
-        if upcoming is not None and upcoming.iteration == self._running + 1:
-            self.prefetch(upcoming)
+        """Start what may be pulled now of the held plans' early rows, nearest plan first."""
+        for plan in self.held():
+            self.prefetch(plan)
 
     def run(self, plan: CommPlan) -> tuple[Traffic, float]:
         self._running, self._early_pulled = plan.iteration, 0
@@ -178,37 +209,47 @@ class PipelinedPlanStep(PlanStep):
         return traffic, loss
 
     def computed(self) -> None:
-        """After the backward pass: the next plan's early pulls start now at the latest."""
+        """After the backward pass: the held plans' early pulls start now at the latest."""
         self._prefetch_upcoming()
 
     def fetch(self, plan: CommPlan) -> Future[Pulled]:
-        """The prefetched early rows joined with the late ones, whose pulls start now (the
+        """The prefetched early rows joined with the rest, whose pulls start now (the
         previous iteration is committed when a plan runs), in ``plan.pull`` order; then the
-        next plan's early pulls start, if it is here."""
+        held plans' early pulls that may start now do."""
         pulled = self._join(plan)
         self._prefetch_upcoming()
         return pulled
 
     def _join(self, plan: CommPlan) -> Future[Pulled]:
         started = self._early.pop(plan.iteration, None)
-        if started is None or not np.array_equal(started[0], plan.pull_early):
+        for old in [i for i in self._early if i < plan.iteration]:
+            del self._early[old]  # a plan that never ran here (cannot happen in order)
+        if started is None or not np.array_equal(started.pull_early, plan.pull_early):
             return super().fetch(plan)
         mask = self._check_early(plan)
-        late_keys = plan.pull[~mask]
-        parts = [started[1]]
-        if late_keys.shape[0]:
-            parts.append(self.pull_rows(plan, late_keys))
-        self._early_pulled = int(np.count_nonzero(mask))
+        early_at = np.flatnonzero(mask)  # where each early key sits in plan.pull
+        done = np.zeros(plan.pull.shape[0], dtype=bool)
+        sources: list[npt.NDArray[np.int64]] = []
+        parts: list[Future[Pulled]] = []
+        for positions, future in started.parts:
+            at = early_at[positions]
+            done[at] = True
+            sources.append(at)
+            parts.append(future)
+        self._early_pulled = int(np.count_nonzero(done))
+        rest = np.flatnonzero(~done)
+        if rest.shape[0]:
+            sources.append(rest)
+            parts.append(self.pull_rows(plan, plan.pull[rest]))
 
         def join(pulled: list[Pulled]) -> Pulled:
-            early_values, early_versions, early_state = pulled[0]
+            first_values, _, first_state = pulled[0]
             n = plan.pull.shape[0]
-            values = np.empty((n, early_values.shape[1]), dtype=np.float32)
+            values = np.empty((n, first_values.shape[1]), dtype=np.float32)
             versions = np.empty(n, dtype=np.int64)
-            state = np.empty((n, early_state.shape[1]), dtype=np.float32)
-            values[mask], versions[mask], state[mask] = early_values, early_versions, early_state
-            if len(pulled) > 1:
-                values[~mask], versions[~mask], state[~mask] = pulled[1]
+            state = np.empty((n, first_state.shape[1]), dtype=np.float32)
+            for at, (part_values, part_versions, part_state) in zip(sources, pulled, strict=True):
+                values[at], versions[at], state[at] = part_values, part_versions, part_state
             return values, versions, state
 
         return rpc.gather(parts, join)

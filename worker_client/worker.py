@@ -214,7 +214,7 @@ def run_worker(config: WorkerConfig) -> int:
         pipelined = isinstance(step, PipelinedPlanStep)
         feed = PlanFeed(stream, read_ahead=pipelined)
         if isinstance(step, PipelinedPlanStep):
-            step.follow(feed.upcoming)
+            step.follow(feed.held)
         waiting = time.perf_counter()
         for received in feed:
             started = time.perf_counter()

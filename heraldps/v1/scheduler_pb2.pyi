@@ -317,6 +317,7 @@ class CommPlan(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     LR_SCALE_FIELD_NUMBER: _builtins.int
     PUSH_LATER_FIELD_NUMBER: _builtins.int
+    PULL_EARLY_FROM_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     worker_id: _builtins.int
     table: _builtins.str
@@ -380,6 +381,15 @@ class CommPlan(_message.Message):
     same learning rate (the scheduler defers nothing at a checkpoint, at a
     flush, at the end of the run, or when the next batch's lr_scale differs).
     """
+    pull_early_from: _builtins.bytes
+    """One unsigned byte for each key of `pull_early`, in its order: how many
+    iterations ahead the worker may pull that key. n when no iteration from
+    `iteration` - n to `iteration` - 1 changes its row, so the worker may pull
+    it while it trains `iteration` - n (that iteration's predecessor is
+    committed then). Set only with --prefetch-plans above 1, when plans flow
+    that many iterations ahead; empty means 1 for every key (`pull_early`'s
+    own rule).
+    """
     @_builtins.property
     def mini_batch(self) -> _types_pb2.SampleBlock:
         """The samples named by `samples`, in that order, when the feeder submitted
@@ -404,10 +414,11 @@ class CommPlan(_message.Message):
         checkpoint: _builtins.bool = ...,
         lr_scale: _builtins.float = ...,
         push_later: _builtins.bytes = ...,
+        pull_early_from: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["mini_batch", b"mini_batch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "lr_scale", b"lr_scale", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "push_grads", b"push_grads", "push_later", b"push_later", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "evict", b"evict", "final_flush", b"final_flush", "iteration", b"iteration", "lr_scale", b"lr_scale", "mini_batch", b"mini_batch", "pull", b"pull", "pull_early", b"pull_early", "pull_early_from", b"pull_early_from", "push_grads", b"push_grads", "push_later", b"push_later", "samples", b"samples", "table", b"table", "update_local", b"update_local", "worker_id", b"worker_id", "write_back", b"write_back"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,7 +14,9 @@ from heraldps.errors import HeraldError, InvalidArgument, error_from_rpc
 from heraldps.modes import (
     EARLY_WRITE_BACK_ALL,
     MAX_LOOK_AHEAD,
+    MAX_PREFETCH_PLANS,
     check_look_ahead,
+    check_prefetch_plans,
     early_write_back_setting,
 )
 from heraldps.ports import MAX_PORT
@@ -114,17 +116,24 @@ def add_early_write_back_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def look_ahead(text: str) -> int:
-    """``--look-ahead``: batches the scheduler sees beyond the plan it releases, 1 to
-    ``MAX_LOOK_AHEAD`` (``heraldps.modes.check_look_ahead``)."""
+def checked_count(text: str, check: Callable[[object, str], int], flag: str) -> int:
+    """An argparse value checked by one of ``heraldps.modes``' ``check_*`` functions, its
+    ``InvalidArgument`` turned into argparse's usage error (a non-number reaches the check
+    as text, which names it)."""
     try:
         value: object = int(text)
     except ValueError:
         value = text
     try:
-        return check_look_ahead(value, "--look-ahead")
+        return check(value, flag)
     except InvalidArgument as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def look_ahead(text: str) -> int:
+    """``--look-ahead``: batches the scheduler sees beyond the plan it releases, 1 to
+    ``MAX_LOOK_AHEAD`` (``heraldps.modes.check_look_ahead``)."""
+    return checked_count(text, check_look_ahead, "--look-ahead")
 
 
 def look_aheads(text: str) -> tuple[int, ...]:
@@ -153,6 +162,26 @@ def add_look_ahead_argument(p: argparse.ArgumentParser, several: bool = False) -
     else:
         p.add_argument("--look-ahead", type=look_ahead, default=1, metavar="K",
                        help=LOOK_AHEAD_HELP)  # fmt: skip
+
+
+def prefetch_plans(text: str) -> int:
+    """``--prefetch-plans``: plans ahead a herald_pipelined worker pulls early rows for, 1
+    to ``MAX_PREFETCH_PLANS`` (``heraldps.modes.check_prefetch_plans``)."""
+    return checked_count(text, check_prefetch_plans, "--prefetch-plans")
+
+
+def add_prefetch_plans_argument(p: argparse.ArgumentParser) -> None:
+    """``--prefetch-plans`` as ``scheduler`` and ``local`` take it."""
+    p.add_argument(
+        "--prefetch-plans",
+        type=prefetch_plans,
+        default=1,
+        metavar="P",
+        help="mode herald_pipelined: plans t+1 .. t+P flow while t trains, and the worker "
+        "pulls each early row as soon as no iteration before its plan can change it: 1 (the "
+        f"default) to {MAX_PREFETCH_PLANS} (docs/scheduler.md#prefetch-beyond-the-next-plan; "
+        "other modes ignore it)",
+    )
 
 
 def at_least(low: int, high: int | None = None) -> Callable[[str], int]:

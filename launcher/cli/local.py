@@ -17,6 +17,7 @@ from launcher.cli.command import (
     Command,
     add_early_write_back_argument,
     add_look_ahead_argument,
+    add_prefetch_plans_argument,
     at_least,
     fraction,
     names,
@@ -78,6 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_early_write_back_argument(p)
     add_look_ahead_argument(p)
+    add_prefetch_plans_argument(p)
     p.add_argument("--optimizer", default="adagrad", choices=tuple(OPTIMIZERS), help="optimizer")
     p.add_argument(
         "--lr", type=positive, default=None, help="learning rate (none: 0.05, adam 0.001)"
@@ -374,6 +376,7 @@ def job_file_flags(args: argparse.Namespace) -> dict[str, Any]:
         "keep_checkpoints": jf.schedule.keep_checkpoints,
         "max_restarts": jf.cluster.max_restarts,
         "early_write_back": job.early_write_back, "look_ahead": job.look_ahead,
+        "prefetch_plans": job.prefetch_plans,
     }  # fmt: skip
     for dest, value in from_file.items():
         if getattr(args, dest) == defaults[dest]:
@@ -382,7 +385,7 @@ def job_file_flags(args: argparse.Namespace) -> dict[str, Any]:
                "dense_transforms", "workers", "batch_size_per_worker", "epochs", "optimizer",
                "lr", "embedding_l2", "weight_decay", "embedding_dim", "hidden", "activation",
                "dropout", "policy", "device", "dense_sync", "staleness", "early_write_back",
-               "look_ahead"}  # fmt: skip
+               "look_ahead", "prefetch_plans"}  # fmt: skip
     default_job = type(job)(data=job.data)
     return {k: v for k, v in asdict(job).items()
             if k not in covered and v != getattr(default_job, k)}  # fmt: skip
@@ -430,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
         dense_checkpoint_every=args.dense_checkpoint_every,
         embedding_l2=args.embedding_l2,
         weight_decay=args.weight_decay, early_write_back=args.early_write_back,
-        look_ahead=args.look_ahead,
+        look_ahead=args.look_ahead, prefetch_plans=args.prefetch_plans,
     )  # fmt: skip
     job = replace(job, **extra)  # --job: the fields no flag sets (seed, ...)
     data = splits(args, job)

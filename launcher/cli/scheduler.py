@@ -10,6 +10,7 @@ from launcher.cli.command import (
     add_admission_arguments,
     add_early_write_back_argument,
     add_look_ahead_argument,
+    add_prefetch_plans_argument,
     add_server_arguments,
     addresses,
     at_least,
@@ -39,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_early_write_back_argument(p)
     add_look_ahead_argument(p)
+    add_prefetch_plans_argument(p)
     p.add_argument(
         "--mode",
         default="herald",
@@ -157,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     config = SchedulerConfig(
         workers=args.workers, cache_rows=args.cache_rows, mode=args.mode, table=args.table,
         expected_keys=args.expected_keys, early_write_back=args.early_write_back,
-        look_ahead=args.look_ahead,
+        look_ahead=args.look_ahead, prefetch_plans=args.prefetch_plans,
         ps=addresses(args.ps), host=args.host, port=args.port,
         metrics_port=args.metrics_port, max_backlog=args.max_backlog,
         max_message_mb=args.max_message_mb, threads=args.threads,

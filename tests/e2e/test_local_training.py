@@ -207,12 +207,13 @@ def test_a_dead_worker_or_shard_fails_the_run_with_a_message(victim: str, tmp_pa
 def test_early_write_backs_train_the_same_model(optimizer: str, tmp_path: Path) -> None:
     """With early write-backs (a cache large enough for dirty rows to pile up) the final
     flush of every on-demand mode shrinks to what the last batches dirtied, and a live
-    herald_pipelined run, its scheduler looking 3 batches ahead, ends with the
-    single-process model and simulate's counts for that look-ahead."""
+    herald_pipelined run, its scheduler looking 3 batches ahead and its plans flowing 2
+    iterations ahead (--prefetch-plans 2), ends with the single-process model and
+    simulate's counts for that look-ahead (the prefetch depth moves no row)."""
     job = small_job(optimizer)
     train = job.read()
     job = replace(job, cache_rows=cache_rows_for(train, 0.3), early_write_back=EARLY_WRITE_BACK_ALL,
-                  look_ahead=3)  # fmt: skip
+                  look_ahead=3, prefetch_plans=2)  # fmt: skip
     reference = ReferenceTrainer(job)
     reference.train(train)
     config = SimulationConfig(str(TRAIN), "criteo", 4, 32, 0.3, ITERATIONS, early_write_back=0)
@@ -233,3 +234,4 @@ def test_early_write_backs_train_the_same_model(optimizer: str, tmp_path: Path) 
     assert live["pulls"] == expected["pulls"]
     assert live["grad_pushes"] + live["write_backs"] == expected["pushes"]
     assert live["final_flush"] == expected["final_flush"]
+    assert 0 < live["early_pulls"] <= expected["early_pulls"]

@@ -15,6 +15,7 @@ import pytest
 
 from heraldps import wire
 from heraldps.bundled import bundled_data
+from heraldps.errors import InvalidArgument
 from heraldps.job import TrainingJob
 from heraldps.optim import SGD
 from heraldps.plan import plan_from_proto
@@ -42,9 +43,10 @@ def make_batches(count: int, first: int = 0) -> list[Batch]:
 
 @contextlib.contextmanager
 def scheduler_server(
-    cluster: ClusterFactory, mode: str = "herald"
+    cluster: ClusterFactory, mode: str = "herald", prefetch_plans: int = 1
 ) -> Iterator[tuple[SchedulerServer, grpc.Channel]]:
-    """A scheduler (backlog 2) committing on two real shards, and a channel to it."""
+    """A scheduler (backlog 2, or what ``prefetch_plans`` needs) committing on two real
+    shards, and a channel to it."""
     _, ps = cluster(2)
     ps.create_table("emb", dim=4, optimizer=SGD(lr=0.1))
     server = SchedulerServer(
@@ -56,7 +58,8 @@ def scheduler_server(
             host="127.0.0.1",
             port=0,
             metrics_port=0,
-            max_backlog=2,
+            max_backlog=max(2, prefetch_plans + 1),
+            prefetch_plans=prefetch_plans,
             grace_seconds=1,
         )
     )
@@ -167,19 +170,22 @@ def test_plans_flow_commit_on_the_ps_and_match_the_core(
     assert "heraldps_scheduler_plan_seconds_bucket" in text
 
 
-@pytest.mark.parametrize("mode", ["herald", "herald_pipelined"])
+@pytest.mark.parametrize(
+    ("mode", "prefetch"), [("herald", 1), ("herald_pipelined", 1), ("herald_pipelined", 2)]
+)
 def test_pipelined_plans_flow_before_the_previous_commit(
-    cluster: ClusterFactory, mode: str
+    cluster: ClusterFactory, mode: str, prefetch: int
 ) -> None:
-    """herald_pipelined: plan t+1 reaches its worker while t is not committed (herald: only
-    after), with its early pulls marked; ReportDone(wait_for_commit) returns at the commit."""
+    """herald_pipelined: plans t+1 .. t+P (--prefetch-plans P) reach their worker while t is
+    not committed (herald: only after), with their early pulls marked (and, with P = 2,
+    how far ahead each may be pulled); ReportDone(wait_for_commit) returns at the commit."""
     pipelined = mode == "herald_pipelined"
-    with scheduler_server(cluster, mode) as (server, channel):
+    with scheduler_server(cluster, mode, prefetch) as (server, channel):
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         for w in range(WORKERS):
             stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(worker_id=w))
-        batches = make_batches(4)
-        for batch in batches[:3]:  # releases the plans of 0 and 1 (the backlog is full)
+        batches = make_batches(3 + prefetch)
+        for batch in batches[: 2 + prefetch]:  # releases plans 0 .. P (the backlog is full)
             submit(stub, batch)
         arrived: queue.SimpleQueue[scheduler_pb2.CommPlan] = queue.SimpleQueue()
 
@@ -190,17 +196,19 @@ def test_pipelined_plans_flow_before_the_previous_commit(
 
         threading.Thread(target=watch, daemon=True).start()
         got = [arrived.get(timeout=10)]
-        if pipelined:
-            got.append(arrived.get(timeout=10))  # plan 1, before iteration 0 is committed
+        if pipelined:  # plans 1 .. P, before iteration 0 is committed
+            got += [arrived.get(timeout=10) for _ in range(prefetch)]
         with pytest.raises(queue.Empty):
             arrived.get(timeout=0.5)  # nothing further flows before a commit
-        assert [p.iteration for p in got] == ([0, 1] if pipelined else [0])
+        assert [p.iteration for p in got] == list(range(1 + prefetch if pipelined else 1))
         assert stub.GetStatus(scheduler_pb2.GetStatusRequest()).committed_iteration == -1
-        core = Scheduler(WORKERS, CAPACITY, mode)
-        expected = [p for b in batches[:3] for p in core.submit(b) if p.worker == 0]
+        core = Scheduler(WORKERS, CAPACITY, mode, prefetch_plans=prefetch)
+        expected = [p for b in batches[: 2 + prefetch] for p in core.submit(b) if p.worker == 0]
         for message, want in zip(got, expected, strict=False):
             assert plan_from_proto(message).same_as(want)
-        assert (len(wire.decode_keys(got[-1].pull_early, "pull_early")) > 0) == pipelined
+        assert any(len(wire.decode_keys(p.pull_early, "pull_early")) for p in got) == pipelined
+        for message in got:  # a lead byte for each early key, with P = 2
+            assert len(message.pull_early_from) == len(message.pull_early) // 8 * (prefetch > 1)
 
         # Worker 0's report waits for the commit, which the other two reports make; it says
         # how long it waited (the worker counts that as barrier time, not RPC time).
@@ -218,8 +226,8 @@ def test_pipelined_plans_flow_before_the_previous_commit(
         held = answers.get(timeout=10)
         assert not held.committed and held.commit_wait_seconds >= 0.5
         assert server.ps is not None and server.ps.committed_iteration() == 0
-        submit(stub, batches[3])  # releases plan 2
-        assert arrived.get(timeout=10).iteration == (2 if pipelined else 1)
+        submit(stub, batches[2 + prefetch])  # releases plan P + 1
+        assert arrived.get(timeout=10).iteration == (prefetch + 1 if pipelined else 1)
 
         # At its deadline a waiting report fails; the report itself still counts.
         with pytest.raises(grpc.RpcError) as failed:
@@ -244,6 +252,12 @@ def test_pipelined_mode_needs_threads_and_a_backlog() -> None:
         SchedulerConfig(workers=2, cache_rows=10, mode="herald", threads=3)
     with pytest.raises(ValueError, match="--max-backlog 2 or more"):
         SchedulerConfig(workers=2, cache_rows=10, mode="herald_pipelined", max_backlog=1)
+    with pytest.raises(ValueError, match="--max-backlog 5 or more"):
+        SchedulerConfig(workers=2, cache_rows=10, mode="herald_pipelined", prefetch_plans=4)
+    SchedulerConfig(workers=2, cache_rows=10, mode="herald_pipelined", prefetch_plans=4,
+                    max_backlog=5)  # fmt: skip
+    with pytest.raises(InvalidArgument, match="--prefetch-plans must be 1"):
+        SchedulerConfig(workers=2, cache_rows=10, mode="herald_pipelined", prefetch_plans=9)
 
 
 def test_bad_requests(scheduler: tuple[SchedulerServer, grpc.Channel]) -> None:

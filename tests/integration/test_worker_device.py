@@ -63,9 +63,9 @@ def small_job(staleness: int = 0) -> TrainingJob:
     return replace(job, cache_rows=cache_rows_for(job.read(), 0.03))
 
 
-def showing(plan: CommPlan | None) -> Callable[[], CommPlan | None]:
-    """What a pipelined step sees as its next plan while it runs one."""
-    return lambda: plan
+def showing(plan: CommPlan | None) -> Callable[[], list[CommPlan]]:
+    """What a pipelined step sees held after the plan it runs."""
+    return lambda: [] if plan is None else [plan]
 
 
 def train_on_fake_device(

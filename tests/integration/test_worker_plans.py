@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from heraldps.bundled import bundled_data
+from heraldps.client.core import Pulled
 from heraldps.job import EMBEDDING_TABLE, TrainingJob
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
@@ -23,7 +26,7 @@ TRAIN, _ = bundled_data()
 
 
 def one_worker(
-    cluster: ClusterFactory, mode: str = "herald", look_ahead: int = 1
+    cluster: ClusterFactory, mode: str = "herald", look_ahead: int = 1, prefetch_plans: int = 1
 ) -> tuple[PlanStep, list[CommPlan], TrainingJob]:
     """A plan step and the plans of 3 iterations, each carrying its samples."""
     job = TrainingJob(data=str(TRAIN), workers=1, batch_size_per_worker=16, iterations=3,
@@ -33,7 +36,8 @@ def one_worker(
     step = make_step(mode, job, 0, ps, job.cache_rows)
     assert isinstance(step, PlanStep)
     job.create_tables(ps)
-    scheduler = Scheduler(1, job.cache_rows, mode, look_ahead=look_ahead)
+    scheduler = Scheduler(1, job.cache_rows, mode, look_ahead=look_ahead,
+                          prefetch_plans=prefetch_plans)  # fmt: skip
     batches = global_batches(dataset, job.global_batch, job.iterations)
     plans: list[CommPlan] = []
     for t, batch in enumerate(batches):
@@ -126,15 +130,18 @@ def test_the_pipelined_step_joins_prefetched_and_late_rows(cluster: ClusterFacto
     assert plans[0].pull_early.size == 0 and plans[1].pull_early.size > 0
     with pytest.raises(PlanMismatch, match="not a sub-sequence"):
         step.prefetch(replace(plans[1], pull_early=plans[1].pull_early[::-1]))
-    # Plan 1: half its early keys prefetched, the rest pulled late; plan 2: not prefetched.
+    # Plan 1: half its early keys prefetched while plan 0 runs, the rest pulled late;
+    # plan 2: not prefetched (nothing held while plan 1 runs).
     early = plans[1].pull_early[: plans[1].pull_early.shape[0] // 2]
     plans[1] = replace(plans[1], pull_early=early)
-    step.prefetch(plans[1])
+    held = [plans[1]]
+    step.follow(lambda: held)
     for plan in plans:
         traffic, loss = step.run(plan)
         want, want_loss = plain.run(replace(plan, pull_early=np.empty(0, np.int64)))
         assert loss == want_loss
         assert traffic.early_pulls == (early.shape[0] if plan.iteration == 1 else 0)
+        held.clear()
         assert replace(traffic, early_pulls=0) == want
     keys = plain.cache.cached_keys()
     assert np.array_equal(np.sort(step.cache.cached_keys()), np.sort(keys))
@@ -142,6 +149,53 @@ def test_the_pipelined_step_joins_prefetched_and_late_rows(cluster: ClusterFacto
         assert np.array_equal(got, expected)
     assert np.array_equal(step.cache.clocks(step.cache.slots(keys)),
                           plain.cache.clocks(plain.cache.slots(keys)))  # fmt: skip
+
+
+def test_rows_of_plans_two_ahead_are_pulled_as_soon_as_their_lead_allows(
+    cluster: ClusterFactory,
+) -> None:
+    """--prefetch-plans 2: while plan t runs the worker holds plans t+1 and t+2; an early key
+    of plan t+2 with lead 2 is pulled then, one with lead 1 only while t+1 runs. The rows,
+    the loss and the counts are a herald step's; leads that do not match the early keys are
+    refused unsent."""
+    step, plans, _ = one_worker(cluster, "herald_pipelined", prefetch_plans=2)
+    plain, _, _ = one_worker(cluster, "herald")
+    assert isinstance(step, PipelinedPlanStep)
+    leads = {p.iteration: p.early_leads() for p in plans}
+    assert (leads[2] == 2).any(), leads  # first touches nothing before changes
+    with pytest.raises(PlanMismatch, match="leads"):
+        step.prefetch(replace(plans[2], pull_early_from=plans[2].pull_early_from[1:]))
+    with pytest.raises(PlanMismatch, match="leads"):
+        step.prefetch(replace(plans[2], pull_early_from=np.zeros_like(plans[2].pull_early_from)))
+    pulled: list[tuple[int, int, npt.NDArray[np.int64]]] = []  # (running, plan, keys)
+    running = [-1]
+    pull_rows = step.pull_rows
+
+    def recorded(plan: CommPlan, keys: npt.NDArray[np.int64]) -> Future[Pulled]:
+        pulled.append((running[0], plan.iteration, keys.copy()))
+        return pull_rows(plan, keys)
+
+    step.pull_rows = recorded  # type: ignore[method-assign]
+    step.follow(lambda: [p for p in plans if running[0] < p.iteration <= running[0] + 2])
+    for plan in plans:
+        running[0] = plan.iteration
+        traffic, loss = step.run(plan)
+        want, want_loss = plain.run(replace(plan, pull_early=np.empty(0, np.int64),
+                                            pull_early_from=np.empty(0, np.uint8)))  # fmt: skip
+        assert loss == want_loss
+        assert traffic.early_pulls == plan.pull_early.shape[0]
+        assert replace(traffic, early_pulls=0) == want
+    for plan in plans[1:]:
+        u, early, lead = plan.iteration, plan.pull_early, leads[plan.iteration]
+        for ran in (u - 2, u - 1):
+            if ran >= 0:
+                got = [keys for r, it, keys in pulled if (r, it) == (ran, u)]
+                want_keys = early[u - lead == ran]
+                assert np.array_equal(np.concatenate(got) if got else early[:0], want_keys)
+    keys = plain.cache.cached_keys()
+    for got_rows, expected in zip(step.cache.host_rows(keys), plain.cache.host_rows(keys),
+                                  strict=True):  # fmt: skip
+        assert np.array_equal(got_rows, expected)
 
 
 def test_gradients_left_for_the_next_plan_update_the_rows_its_commit_applies(

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heraldps.errors import CacheTooSmall, FailedPrecondition, InvalidArgument
-from heraldps.modes import mode_named
+from heraldps.modes import PIPELINED_MODE, mode_named
 from heraldps.plan import CommPlan
 from launcher.cli.command import early_write_back
 from scheduler_service import mirror as mirror_module
@@ -64,6 +64,7 @@ def run(scheduler: Scheduler | ReferenceScheduler, batches: list[Batch]) -> list
     vocab=st.integers(1, 60),
     spare=st.integers(0, 30),
     look_ahead=st.integers(1, 4),
+    prefetch=st.integers(1, 3),
 )
 def test_fast_scheduler_equals_reference(
     mode: str,
@@ -75,13 +76,15 @@ def test_fast_scheduler_equals_reference(
     vocab: int,
     spare: int,
     look_ahead: int,
+    prefetch: int,
 ) -> None:
     capacity = per_worker * fields + spare  # never below a mini-batch's working set
     batches = random_batches(seed, 8, workers, per_worker, fields, vocab)
     fast, ref = (
         Scheduler(workers, capacity, mode, early_write_back=early_write_back,
-                  look_ahead=look_ahead),
-        ReferenceScheduler.for_mode(workers, capacity, mode, early_write_back, look_ahead),
+                  look_ahead=look_ahead, prefetch_plans=prefetch),
+        ReferenceScheduler.for_mode(workers, capacity, mode, early_write_back, look_ahead,
+                                    prefetch),
     )  # fmt: skip
     fast_plans, ref_plans = run(fast, batches), run(ref, batches)
     assert len(fast_plans) == len(ref_plans) == 8 * workers
@@ -233,6 +236,50 @@ def test_pipelined_plans_are_herald_plans_with_early_pulls_marked() -> None:
         changed = pushed | written
     # Every case happened: untouched keys marked; pushed and written-back ones not.
     assert marked > 0 and unmarked > 0 and pushed_unmarked > 0 and written_unmarked > 0
+
+
+@pytest.mark.parametrize(("prefetch", "look_ahead"), [(2, 1), (3, 3)])
+def test_prefetch_leads_name_the_iterations_that_leave_each_early_row_unchanged(
+    prefetch: int, look_ahead: int
+) -> None:
+    """--prefetch-plans P: the plans are those of P = 1, and each early key of plan u gets
+    the largest n <= P such that no iteration u-n .. u-1 changes its row (pushes, write-backs,
+    gradients sent later, which the iteration after applies); the first plans count only
+    the iterations released before them."""
+    workers, capacity = 4, 40
+    batches = random_batches(9, 40, workers, 8, 5, 150)
+    one, deep = (
+        Scheduler(workers, capacity, PIPELINED_MODE, look_ahead=look_ahead),
+        Scheduler(workers, capacity, PIPELINED_MODE, look_ahead=look_ahead,
+                  prefetch_plans=prefetch),
+    )  # fmt: skip
+    assert (one.plans_ahead, deep.plans_ahead) == (2, 1 + prefetch)
+    plans_one, plans = run(one, batches), run(deep, batches)
+    for a, b in zip(plans_one, plans, strict=True):
+        assert not a.pull_early_from.shape[0]
+        assert a.same_as(replace(b, pull_early_from=a.pull_early_from))
+    assert one.counts == deep.counts
+    changed: list[set[int]] = []  # by iteration
+    later: set[int] = set()
+    seen = np.zeros(prefetch + 1, dtype=np.int64)
+    for t in range(len(batches)):
+        group = [p for p in plans if p.iteration == t]
+        for p in group:
+            leads = p.early_leads()
+            assert leads.shape[0] == p.pull_early.shape[0]
+            for key, lead in zip(p.pull_early.tolist(), leads.tolist(), strict=True):
+                assert 1 <= lead <= min(prefetch, t), (t, key, lead)
+                assert not any(key in changed[v] for v in range(t - lead, t)), (t, key, lead)
+                if lead < min(prefetch, t):  # the largest: iteration t-lead-1 changes it
+                    assert key in changed[t - lead - 1], (t, key, lead)
+                seen[lead] += 1
+            late = np.setdiff1d(p.pull, p.pull_early)
+            if t:
+                assert all(k in changed[t - 1] for k in late.tolist())
+        changed.append({k for p in group for k in [*p.push_grads.tolist(),
+                                                   *p.write_back.tolist()]} | later)  # fmt: skip
+        later = {k for p in group for k in p.push_later.tolist()}
+    assert (seen[1:] > 0).all(), seen  # every lead happened
 
 
 def test_a_key_changed_in_t_is_pulled_late_in_t_plus_1() -> None:
