@@ -69,8 +69,8 @@ import numpy as np
 from heraldps.bundled import bundled_data
 from heraldps.data.global_batches import StreamedBatches
 from heraldps.job import TrainingJob
-from heraldps.modes import EARLY_WRITE_BACK_ALL
-from launcher.cli.command import look_ahead
+from heraldps.modes import EARLY_WRITE_BACK_ALL, PIPELINED_MODE
+from launcher.cli.command import look_ahead, prefetch_plans
 from launcher.cli.data import first_pass
 from launcher.local import ModeResult, run_local
 from launcher.plot import headless_pyplot
@@ -90,6 +90,7 @@ class Variant:
     staleness: int = 0
     dense_sync: str = "allreduce"
     early_write_back: int = EARLY_WRITE_BACK_ALL  # the scheduler's setting (0: off)
+    prefetch_plans: int = 1  # herald_pipelined's --prefetch-plans
 
 
 VARIANTS = (
@@ -160,12 +161,13 @@ def run_rate(
     the modes of each in turn, started ``rotate`` places further along (repeats vary the
     order, so no variant always runs first or last)."""
     results: dict[str, ModeResult] = {}
-    groups: dict[tuple[int, str, int], list[Variant]] = {}
+    groups: dict[tuple[int, str, int, int], list[Variant]] = {}
     for v in variants:
-        groups.setdefault((v.staleness, v.dense_sync, v.early_write_back), []).append(v)
-    for (staleness, dense_sync, early), members in groups.items():
+        setting = (v.staleness, v.dense_sync, v.early_write_back, v.prefetch_plans)
+        groups.setdefault(setting, []).append(v)
+    for (staleness, dense_sync, early, prefetch), members in groups.items():
         variant_job = replace(job, staleness=staleness, dense_sync=dense_sync,
-                              early_write_back=early)  # fmt: skip
+                              early_write_back=early, prefetch_plans=prefetch)  # fmt: skip
         k = rotate % len(members)
         modes = [v.mode for v in members[k:] + members[:k]]
         out = run_local(variant_job, modes, 2, train, test, link_mbit=rate)
@@ -272,6 +274,9 @@ def main() -> int:
     parser.add_argument("--look-ahead", type=look_ahead, default=1, metavar="K",
                         help="every variant's scheduler sees this many batches beyond the plan "
                         "it releases, 1 (the default) to 32")  # fmt: skip
+    parser.add_argument("--prefetch-plans", type=prefetch_plans, default=1, metavar="P",
+                        help="above 1: also herald_pipelined with --prefetch-plans P "
+                        "(plans t+1 .. t+P flow while t trains)")  # fmt: skip
     parser.add_argument("--output", type=Path, default=None,
                         help="default benchmarks/results/bench_network.json "
                         "(embeddings: bench_network_embeddings.json)")  # fmt: skip
@@ -338,6 +343,9 @@ def main() -> int:
         cases = clicklog_cases(args)
     else:
         cases = small_cases(args.quick, epochs)
+    if args.prefetch_plans > 1:
+        p = args.prefetch_plans
+        variants = (*variants, Variant(f"herald_pipelined P={p}", PIPELINED_MODE, prefetch_plans=p))
     cases = [(name, replace(job, look_ahead=args.look_ahead), train, test)
              for name, job, train, test in cases]  # fmt: skip
     config = run_config(args, cases, epochs, rates)

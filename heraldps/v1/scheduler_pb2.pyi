@@ -353,8 +353,9 @@ class CommPlan(_message.Message):
     `iteration` - 1 (the last plan before this one), so that iteration's
     commit leaves their rows as they are on the PS while it trains: a worker
     may pull them as soon as it holds this plan (it flows once `iteration` - 2
-    is committed), before `iteration` - 1 is committed. The other pulls
-    must wait for that commit. Set only in mode herald_pipelined (empty
+    is committed), before `iteration` - 1 is committed (with
+    `pull_early_from`: once its lead allows). The other pulls must wait for
+    that commit. Set only in mode herald_pipelined (empty
     otherwise, and in the first plan a scheduler releases).
     """
     checkpoint: _builtins.bool
