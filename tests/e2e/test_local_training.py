@@ -155,8 +155,9 @@ def test_every_mode_trains_the_single_process_model_with_l2(
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["herald", "herald_pipelined", "het"])
 def test_gpu_workers_train_the_single_process_model(mode: str, tmp_path: Path) -> None:
-    """The CuPy cache and model path: the same model as NumPy single-process training."""
-    job = replace(small_job("adam"), device="gpu")
+    """The CuPy cache and model path: the same model as NumPy single-process training
+    (herald_pipelined holding 2 plans ahead, --prefetch-plans 2; the others ignore it)."""
+    job = replace(small_job("adam"), device="gpu", prefetch_plans=2)
     train = job.read()
     reference = ReferenceTrainer(job)
     reference.train(train)
