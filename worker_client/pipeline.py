@@ -25,6 +25,12 @@ t's commit leaves as they are. So:
 Why reading early is safe: an early row of t+1 is read while t runs, so
 after t-1's commit (and every write-back of t-1 came before the reports that
 committed it), and nothing changes it on the PS until t's commit is over.
+
+With ``--prefetch-plans P`` plans t+1 .. t+P arrive while t runs (``PlanFeed.held``
+shows them all), and each early key carries its lead n (``CommPlan.pull_early_from``):
+no iteration from ``u - n`` to ``u - 1`` changes the row, so it is pulled once the
+running iteration is ``u - n`` or later, by the same rule. A plan's early rows may
+so come in several parts, joined in pull order when it runs.
 """
 
 from __future__ import annotations
