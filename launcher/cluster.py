@@ -125,6 +125,11 @@ class ManagedProcess:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.send_signal(signal.SIGCONT)
 
+    def resume(self) -> None:
+        """SIGCONT: a frozen process runs (and answers) again, without being asked to stop."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; the exit code (None if it had to be killed)."""
         self.signal_stop()
@@ -155,12 +160,20 @@ def stop_all(processes: list[ManagedProcess], timeout: float = 15.0) -> None:
 
 def stop_cluster(processes: list[ManagedProcess], timeout: float = 15.0) -> None:
     """Stop a cluster: the shards' clients first (workers, then the scheduler), then the
-    shards, each group within ``timeout``. The scheduler's last call gives its claim on the
+    shards, all within one ``timeout``. The scheduler's last call gives its claim on the
     shards back (``scheduler_service/claim.py``); stopped with the shards, it found them
-    gone and waited out its 2 s release timeout on every run's exit."""
+    gone and waited out its 2 s release timeout on every run's exit. A frozen (SIGSTOPped)
+    shard is woken first, so the clients' last calls do not wait on it either."""
     shards = [p for p in processes if p.name.startswith("ps-")]
-    stop_all([p for p in processes[::-1] if p not in shards], timeout)
-    stop_all(shards, timeout)
+    clients = [p for p in processes[::-1] if p not in shards]
+    for shard in shards:
+        shard.resume()
+    deadline = time.monotonic() + timeout
+    for group in (clients, shards):
+        for process in group:
+            process.signal_stop()
+        for process in group:
+            process.wait_stopped(deadline)
 
 
 def start_servers(processes: list[ManagedProcess]) -> None:
