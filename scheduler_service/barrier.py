@@ -56,8 +56,8 @@ class Barrier:
     Liveness: the iteration in progress has a clock, started when its plans may flow
     (they are released and the iteration before is committed). ``overdue`` names the
     workers that have not reported it within a timeout, counted for each from that
-    start or from when it last spoke (registered, received its plan), whichever is
-    later, or the commit that has not finished; ``fail`` then aborts the run. A worker
+    start or from when it last spoke (registered, received the plan of that iteration),
+    whichever is later, or the commit that has not finished; ``fail`` then aborts the run. A worker
     that never registered is starting (a pod being scheduled, a slow import), not silent:
     whoever started it sees it fail.
     """
@@ -232,7 +232,9 @@ class Barrier:
                 return None
             self.check_running()
             plans = self._plans.get(wanted())
-            if plans is not None:
+            if plans is not None and wanted() == self.committed + 1:
+                # Only the plan of the iteration in progress: plans further ahead
+                # (herald_pipelined) reach a worker's stream whatever its training does.
                 self._heard[worker] = time.monotonic()
             return None if plans is None else plans[worker]
 

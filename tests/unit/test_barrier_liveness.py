@@ -57,6 +57,26 @@ def test_a_worker_that_spoke_later_gets_the_timeout_from_then() -> None:
     assert failure is not None and "workers 1, 2 have not reported" in failure.message
 
 
+def test_plans_ahead_of_the_iteration_in_progress_are_not_a_sign_of_life() -> None:
+    """herald_pipelined with --prefetch-plans 2: a worker's stream receives plans 1 and 2
+    while iteration 0 runs, whatever its training does; only the plan of the iteration in
+    progress counts as the worker speaking."""
+    scheduler = make_scheduler(WORKERS, 20, "herald_pipelined", prefetch_plans=2)
+    barrier = Barrier(scheduler, lambda t: None)
+    for w in range(WORKERS):
+        barrier.register(w)
+    for t in range(4):
+        barrier.submit(batch(t))  # releases plans 0, 1 and 2
+    t0 = time.monotonic()
+    assert barrier.next_plan(0, 0, timeout=1) is not None  # the plan of iteration 0
+    time.sleep(0.3)
+    for ahead in (1, 2):
+        plan = barrier.next_plan(0, ahead, timeout=1)
+        assert plan is not None and plan.iteration == ahead  # flows before 0's commit
+    failure = barrier.overdue(1.0, t0 + 1.2)
+    assert failure is not None and "workers 0, 1, 2 have not reported" in failure.message
+
+
 def test_a_stuck_commit_is_overdue_and_a_failed_one_aborts_every_later_call() -> None:
     release, entered = threading.Event(), threading.Event()
 
