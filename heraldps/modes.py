@@ -123,34 +123,37 @@ MAX_LOOK_AHEAD = 32
 """The most batches a scheduler may see ahead of the plan it releases (it holds them)."""
 
 
+def _count_from_one(value: object, name: str, unit: str, one: str, most: int) -> int:
+    """``value`` if it is a whole number from 1 (``one``, the default) to ``most``
+    ``unit``; else ``InvalidArgument`` naming ``name`` and saying what to pass."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be a whole number of {unit}, got {value!r}")
+    if not 1 <= value <= most:
+        raise InvalidArgument(
+            f"{name} must be 1 ({one}, the default) to {most} {unit}, got {value}"
+        )
+    return value
+
+
 def check_look_ahead(batches: object, name: str = "look_ahead") -> int:
     """A look-ahead setting (``name`` in the error): how many batches the scheduler sees
     beyond the plan it releases, 1 (today's one batch, the default) to ``MAX_LOOK_AHEAD``.
     Anything else is refused with a message that says what to pass."""
-    if isinstance(batches, bool) or not isinstance(batches, int):
-        raise InvalidArgument(f"{name} must be a whole number of batches, got {batches!r}")
-    if not 1 <= batches <= MAX_LOOK_AHEAD:
-        raise InvalidArgument(
-            f"{name} must be 1 (one batch, the default) to {MAX_LOOK_AHEAD} batches, got {batches}"
-        )
-    return batches
+    return _count_from_one(batches, name, "batches", "one batch", MAX_LOOK_AHEAD)
 
 
 MAX_PREFETCH_PLANS = 8
+
+DEFAULT_MAX_BACKLOG = 4
+"""Planned, uncommitted iterations a scheduler accepts by default (``--max-backlog``);
+``herald_pipelined`` with ``--prefetch-plans P`` needs P + 1."""
 
 
 def check_prefetch_plans(plans: object, name: str = "prefetch_plans") -> int:
     """A prefetch setting (``name`` in the error): how many plans ahead a
     ``herald_pipelined`` worker may hold and pull early rows for, 1 (plan t+1 while t
     trains, the default) to ``MAX_PREFETCH_PLANS``. Other modes ignore it."""
-    if isinstance(plans, bool) or not isinstance(plans, int):
-        raise InvalidArgument(f"{name} must be a whole number of plans, got {plans!r}")
-    if not 1 <= plans <= MAX_PREFETCH_PLANS:
-        raise InvalidArgument(
-            f"{name} must be 1 (the next plan, the default) to {MAX_PREFETCH_PLANS} plans, "
-            f"got {plans}"
-        )
-    return plans
+    return _count_from_one(plans, name, "plans", "the next plan", MAX_PREFETCH_PLANS)
 
 
 # The scheduler keeps one bit per worker in its cache-mirror masks (uint64).

@@ -23,7 +23,7 @@ from typing import TypedDict
 
 from heraldps.cores import CORES
 from heraldps.errors import HeraldError
-from heraldps.modes import EARLY_WRITE_BACK_ALL
+from heraldps.modes import DEFAULT_MAX_BACKLOG, EARLY_WRITE_BACK_ALL
 from launcher.lifeline import child_environment
 
 START_TIMEOUT_SECONDS = 120.0
@@ -225,7 +225,7 @@ def scheduler_process(
             "--expected-keys", str(expected_keys),
             "--early-write-back", str(early_write_back),
             "--look-ahead", str(look_ahead), "--prefetch-plans", str(prefetch_plans),
-            "--max-backlog", str(max(4, prefetch_plans + 1))]  # fmt: skip
+            "--max-backlog", str(max(DEFAULT_MAX_BACKLOG, prefetch_plans + 1))]  # fmt: skip
     if compress_plans:
         args.append("--compress-plans")
     args += extra

@@ -25,6 +25,7 @@ from heraldps.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from heraldps.modes import DEFAULT_MAX_BACKLOG
 from heraldps.plan import CommPlan
 from scheduler_service.batch import Batch
 from scheduler_service.scheduler import SampleScheduler, Scheduler
@@ -66,7 +67,7 @@ class Barrier:
         self,
         scheduler: Scheduler | SampleScheduler,
         commit: Callable[[int], None],
-        max_backlog: int = 4,
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
     ) -> None:
         self.scheduler = scheduler
         self._commit = commit

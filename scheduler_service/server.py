@@ -11,6 +11,7 @@ from heraldps.admission import Limits
 from heraldps.client import PSClient
 from heraldps.fence import MAX_LEASE_SECONDS, MAX_RUN_ID_CHARS, MIN_LEASE_SECONDS
 from heraldps.modes import (
+    DEFAULT_MAX_BACKLOG,
     EARLY_WRITE_BACK_ALL,
     MODES,
     check_look_ahead,
@@ -64,7 +65,7 @@ class SchedulerConfig:
     host: str = "127.0.0.1"  # containers pass 0.0.0.0 explicitly
     port: int = 7100
     metrics_port: int | None = None
-    max_backlog: int = 4
+    max_backlog: int = DEFAULT_MAX_BACKLOG
     max_message_mb: int = 64
     threads: int = 32
     grace_seconds: float = 10.0

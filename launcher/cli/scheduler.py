@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from heraldps.modes import MAX_WORKERS
+from heraldps.modes import DEFAULT_MAX_BACKLOG, MAX_WORKERS
 from launcher.cli.command import (
     Command,
     add_admission_arguments,
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-backlog",
         type=int,
-        default=4,
+        default=DEFAULT_MAX_BACKLOG,
         help="planned, uncommitted iterations; SubmitBatch beyond it is RESOURCE_EXHAUSTED",
     )
     p.add_argument(
