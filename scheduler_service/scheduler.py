@@ -228,9 +228,11 @@ class EarlyPulls:
         """For each of ``keys``, how many of the recorded iterations, from the newest back,
         leave it unchanged: 0 when the newest changes it."""
         leads = np.full(keys.shape[0], len(self._changed), dtype=np.int64)
+        open_ = np.arange(keys.shape[0])  # keys no newer iteration changes: still searched
         for back, changed in enumerate(reversed(self._changed)):
-            hit = _member(keys, changed) & (leads > back)
-            leads[hit] = back
+            hit = _member(keys[open_], changed)
+            leads[open_[hit]] = back
+            open_ = open_[~hit]
         return leads
 
 
